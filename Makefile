@@ -1,0 +1,26 @@
+# Quick start: `make demo` runs the planner on a bundled example; `make test` runs the test suite.
+# Both install what they need into .venv at the repo root (torch pinned to the CPU build 2.13.0).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q "torch==2.13.0"
+	$(VPY) -m pip install -q -e ".[test,plot]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) scripts/demo.py
+
+test: $(STAMP)
+	$(VPY) -m pytest tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

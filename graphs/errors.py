@@ -1,0 +1,62 @@
+"""The project's exception hierarchy: every layer raises one of these.
+
+`RematError` is the base; catching it catches everything the project raises on purpose.
+"""
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Base class of every error this project raises."""
+
+
+class GraphError(RematError, ValueError):
+    """A graph is malformed: a cycle, a wrong order, an unknown id, a negative cost or size."""
+
+
+class ScheduleError(RematError, ValueError):
+    """A schedule is invalid for its graph (the simulator names the op at fault)."""
+
+    def __init__(self, message: str, op_index: int | None = None):
+        super().__init__(message)
+        self.op_index = op_index
+
+
+class ScheduleFormatError(RematError, ValueError):
+    """A `remat-schedule` JSON file is malformed or inconsistent (names the field or the op)."""
+
+
+class InfeasibleBudgetError(RematError):
+    """No schedule the solver can produce fits in the budget.
+
+    `min_budget_bytes` is the smallest budget the solver (or the proof at hand) knows to work;
+    `reason` says how that figure is known.
+    """
+
+    def __init__(self, budget_bytes: int, min_budget_bytes: int | None, solver: str, reason: str = ""):
+        self.budget_bytes = int(budget_bytes)
+        self.min_budget_bytes = None if min_budget_bytes is None else int(min_budget_bytes)
+        self.solver = solver
+        self.reason = reason
+        if self.min_budget_bytes is None:
+            need = "no schedule is known to fit any budget"
+        else:
+            need = f"the smallest budget it can meet is {self.min_budget_bytes} bytes"
+        msg = f"budget {self.budget_bytes} bytes is infeasible for solver '{solver}': {need}"
+        if reason:
+            msg += f" ({reason})"
+        super().__init__(msg)
+
+
+class SolverError(RematError):
+    """A solver failed for a reason other than an infeasible budget (e.g. no solution within its time limit)."""
+
+
+class NoSolutionInTimeError(SolverError):
+    """The solver's time limit ran out before it found any schedule."""
+
+
+class UnknownSolverError(RematError, KeyError):
+    """The requested solver name is not registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "unknown solver"

@@ -1,0 +1,61 @@
+"""Command line: `python -m planner solve GRAPH.json (--budget-multiplier M | --budget-bytes B) --solver NAME ...`.
+
+Exit status: 0 on success, 2 for an infeasible budget or bad input, 3 when no schedule was found in time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from graphs.benchmarks import load_benchmark
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
+from graphs.schedule_json import save_result
+from graphs.simulate import budget_from_multiplier, reference_peak_bytes
+from solvers.base import solve, solver_names
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m planner", description="Optimal activation-checkpoint planner")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("solve", help="solve a benchmark graph (node-link JSON) under a memory budget")
+    s.add_argument("graph", help="graph file: a benchmark node-link JSON")
+    b = s.add_mutually_exclusive_group(required=True)
+    b.add_argument("--budget-multiplier", type=float, help="budget = ceil(M x reference peak)")
+    b.add_argument("--budget-bytes", type=int, help="budget in bytes")
+    s.add_argument("--solver", required=True, help=f"one of: {', '.join(solver_names())}")
+    s.add_argument("--time-limit", type=float, default=None, help="seconds for the solver (exact solvers)")
+    s.add_argument("--out", help="write the schedule as remat-schedule JSON here")
+    return p
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    graph = load_benchmark(args.graph)
+    ref = reference_peak_bytes(graph)
+    if args.budget_bytes is not None:
+        budget = args.budget_bytes
+    else:
+        if args.budget_multiplier <= 0:
+            raise SystemExit("--budget-multiplier must be > 0")
+        budget = budget_from_multiplier(graph, args.budget_multiplier)
+    result = solve(graph, budget, args.solver, time_limit_s=args.time_limit)
+    if args.out:
+        save_result(args.out, graph, result, extra={"reference_peak_bytes": ref})
+    print(f"{graph.name}: {result.summary()} reference_peak={ref}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "solve":
+            return cmd_solve(args)
+    except InfeasibleBudgetError as e:
+        print(f"infeasible: {e}", file=sys.stderr)
+        return 2
+    except NoSolutionInTimeError as e:
+        print(f"no solution: {e}", file=sys.stderr)
+        return 3
+    except RematError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1
