@@ -8,12 +8,15 @@ The returned Graph's node i is the i-th node of the reference order; `graph.labe
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from graphs.errors import GraphError
 from graphs.ir import Graph
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "graphs"
+# ../shared/benchmarks/graphs beside the checkout; REMAT_BENCHMARKS_DIR overrides it.
+DEFAULT_DIR = Path(os.environ.get("REMAT_BENCHMARKS_DIR")
+                   or Path(__file__).resolve().parent.parent.parent / "shared" / "benchmarks" / "graphs")
 CHECKMATE_GRAPHS = ("vgg16", "vgg19", "fcn8", "segnet", "unet", "mobilenet", "resnet50")
 RANDOM_LAYERED_GRAPHS = ("rl100", "rl250", "rl500", "rl1000")
 
