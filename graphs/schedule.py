@@ -124,8 +124,9 @@ class SolveResult:
 
     def summary(self) -> str:
         lb = "" if self.lower_bound_cost is None else f" lower_bound_cost={self.lower_bound_cost:.6g}"
+        via = f" via={self.info['chosen']}" if self.info.get("chosen") else ""
         return (
-            f"solver={self.solver} status={self.status.value} "
+            f"solver={self.solver}{via} status={self.status.value} "
             f"peak/budget={self.peak_bytes}/{self.budget_bytes} ({self.peak_bytes / max(self.budget_bytes, 1):.4f}) "
             f"overhead={100 * self.overhead:.3f}% seconds={self.solve_seconds:.3f}{lb}"
         )

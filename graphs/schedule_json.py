@@ -67,6 +67,8 @@ def result_to_dict(graph: Graph, result: SolveResult, extra: dict | None = None)
             "lower_bound_cost": None if result.lower_bound_cost is None else float(result.lower_bound_cost),
         },
     }
+    if result.info:
+        doc["info"] = json.loads(json.dumps(result.info, default=str))
     if extra:
         doc["extra"] = extra
     return doc

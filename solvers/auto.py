@@ -1,0 +1,116 @@
+"""`auto`: pick among the registered solvers by the graph's size and shape, within one time limit.
+
+Plan (every step replayed by the simulator through solvers.base.solve):
+1. checkpoint_all: if it fits, no schedule can cost less (every node must run once): done.
+2. fast heuristics (Chen greedy, the eviction heuristics when registered) give an incumbent and a fallback.
+3. chain_dp, when the graph is a training chain.
+4. an exact solver with the remaining time: the Checkmate MILP for graphs up to MILP_MAX_NODES nodes, CP-SAT
+   beyond that (or whichever of them is registered).
+The cheapest schedule wins; its status is OPTIMAL only when an exact solver proved it. `info["chosen"]` names the
+solver whose schedule was returned and `info["tried"]` lists every attempt.
+"""
+from __future__ import annotations
+
+import time
+
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.ir import Graph
+from graphs.schedule import SolveResult, Status
+from solvers.base import Proposal, check_budget_floor, solve, solver_names
+
+MILP_MAX_NODES = 120
+DEFAULT_TIME_LIMIT_S = 60.0
+HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr", "evict")
+EXACT_BY_SIZE = (("milp", MILP_MAX_NODES), ("cpsat", None))
+# Share of the time limit the improving heuristic may use before the exact solver starts.
+EVICT_SHARE = 0.25
+
+
+def _is_chain(graph: Graph) -> bool:
+    if "chain_dp" not in solver_names():
+        return False
+    from solvers.chain_dp import is_training_chain
+
+    return is_training_chain(graph)
+
+
+def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    t0 = time.perf_counter()
+    check_budget_floor(graph, budget_bytes, "auto")
+    tried: list[dict] = []
+    results: list[SolveResult] = []
+    infeasible: list[InfeasibleBudgetError] = []
+
+    def attempt(name: str, seconds: float | None) -> SolveResult | None:
+        if name not in solver_names():
+            return None
+        try:
+            r = solve(graph, budget_bytes, name, time_limit_s=seconds)
+        except InfeasibleBudgetError as e:
+            tried.append({"solver": name, "outcome": "infeasible", "min_budget_bytes": e.min_budget_bytes,
+                          "reason": e.reason})
+            infeasible.append(e)
+            return None
+        except NoSolutionInTimeError as e:
+            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e)})
+            return None
+        tried.append({"solver": name, "outcome": r.status.value, "total_cost": r.total_cost,
+                      "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3)})
+        results.append(r)
+        return r
+
+    def remaining() -> float:
+        return max(0.0, limit - (time.perf_counter() - t0))
+
+    first = attempt("checkpoint_all", None)
+    if first is not None:
+        return _pick(graph, results, tried, exact=first)
+    for name in HEURISTICS:
+        if remaining() <= 0:
+            break
+        share = remaining() * EVICT_SHARE if name == "evict" else remaining()
+        attempt(name, share)
+    exact: SolveResult | None = None
+    if _is_chain(graph) and remaining() > 0:
+        exact = attempt("chain_dp", remaining())
+        if exact is not None and exact.lower_bound_cost is None:
+            exact = None  # optimal only within its family: keep looking
+    if exact is None:
+        for name, max_nodes in EXACT_BY_SIZE:
+            if name not in solver_names() or (max_nodes is not None and graph.n > max_nodes):
+                continue
+            if remaining() < 1.0:
+                break
+            r = attempt(name, remaining())
+            if r is not None:
+                exact = r
+            break
+    if not results:
+        exact_says_none = [e for e in infeasible if e.solver in ("milp", "cpsat", "chain_dp")]
+        known = [e.min_budget_bytes for e in infeasible if e.min_budget_bytes is not None]
+        floor = graph.single_op_bound_bytes()
+        min_known = min(known) if known else None
+        reason = ("an exact solver proved no schedule fits" if exact_says_none
+                  else "no solver found a schedule within the time limit")
+        raise InfeasibleBudgetError(budget_bytes, min_known, "auto",
+                                    f"{reason}; single-operation bound {floor} bytes")
+    return _pick(graph, results, tried, exact=exact)
+
+
+def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None) -> Proposal:
+    best = min(results, key=lambda r: (r.total_cost, r.peak_bytes))
+    bound = exact.lower_bound_cost if exact is not None else None
+    if bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
+        status = Status.OPTIMAL
+    elif exact is not None and best is exact:
+        status = exact.status
+    elif exact is not None and exact.status is Status.OPTIMAL and best.total_cost <= exact.total_cost:
+        status = Status.OPTIMAL
+    else:
+        status = Status.FEASIBLE if exact is not None else Status.HEURISTIC
+    info = {"chosen": best.solver, "tried": tried,
+            "bound_from": exact.solver if exact is not None and bound is not None else None}
+    if best.info:
+        info["chosen_info"] = {k: v for k, v in best.info.items() if k != "kept"}
+    return Proposal(best.schedule, status, lower_bound_cost=bound, info=info)
