@@ -1,0 +1,320 @@
+"""An exact CP-SAT solver over retention intervals, in the spirit of Moccasin (Bartan et al., ICML 2023).
+
+Family (see solvers/cpsat_family.py): stage k ends with the first computation of node k (reference order) and
+may first recompute earlier nodes in ascending id order; each node is computed at most C = `max_computations`
+times; values are freed at their last use. The optimum is exact for that family; `lower_bound_cost` is CP-SAT's
+bound for the family (not for schedules outside it).
+
+Model. Every computation of node u is an optional interval on the event timeline (`event_time(n, k, u) =
+k * n + u` for stage k). Computation 0 of u is fixed at stage u; computation j >= 1 has a stage variable
+k_uj in (u, last useful stage] and a presence literal. The interval runs from the computation to one past the
+last use it serves; consecutive computations of a node do not overlap. Every input u of a computation of v is
+served by exactly one computation of u that starts earlier and ends later. A cumulative constraint with each
+interval's bytes keeps every event within budget - fixed_bytes: memory while computing v is every live interval
+at v's time, v's own included, exactly the simulator's figure. A retained node's last computation lives to the
+end. The objective counts the recomputations' costs.
+
+Integers: bytes are divided by their gcd (exact). Costs are divided by their gcd when they are integers of
+moderate size (exact); otherwise they are scaled and rounded down, so the reported bound stays a valid lower
+bound on the true cost, and the solution's true cost comes from the simulator.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import reduce
+
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
+from graphs.ir import Graph
+from graphs.schedule import Schedule, Status
+from graphs.simulate import simulate
+from solvers.base import Proposal, check_budget_floor
+from solvers.cpsat_family import FamilyForm, computation_limits, event_time, family_form, sequence_from_stages
+
+SOLVER_NAME = "cpsat"
+# Largest objective coefficient sum we hand CP-SAT unscaled; above it costs are scaled and floored.
+_MAX_EXACT_OBJECTIVE = 2 ** 40
+_SCALED_OBJECTIVE = 2 ** 30
+
+
+@dataclass
+class _Model:
+    model: object
+    n: int
+    horizon: int
+    present: list[list[object]]  # per node, per computation: literal (None for computation 0)
+    stage: list[list[object]]  # per node, per computation: stage variable or int
+    end: list[list[object]]
+    size: list[list[object]]
+    serve: dict = field(default_factory=dict)  # (u, v, j) -> list of (i, literal)
+    cost_units: list[int] = field(default_factory=list)
+    cost_unit: float = 1.0  # true cost per objective unit (a lower bound on it when `cost_exact` is false)
+    cost_exact: bool = True
+
+
+def _cost_scaling(graph: Graph, limits: list[int]) -> tuple[list[int], float, bool]:
+    """Integer objective coefficients and the true cost of one unit; exact when possible."""
+    costs = [float(c) for c in graph.costs]
+    ints = all(c == math.floor(c) for c in costs)
+    if ints:
+        ic = [int(c) for c in costs]
+        g = reduce(math.gcd, [c for c in ic if c > 0], 0) or 1
+        units = [c // g for c in ic]
+        if sum(u * (k - 1) for u, k in zip(units, limits)) <= _MAX_EXACT_OBJECTIVE:
+            return units, float(g), True
+    top = max(costs) if costs else 0.0
+    if top <= 0:
+        return [0] * len(costs), 1.0, True
+    total = sum(c * max(k - 1, 1) for c, k in zip(costs, limits))
+    unit = total / _SCALED_OBJECTIVE  # one unit of objective is worth `unit` of true cost
+    return [int(math.floor(c / unit)) for c in costs], unit, False
+
+
+def _last_useful_stage(graph: Graph, u: int) -> int:
+    """A recomputation of u after its last user's stage serves nothing (unless u must be retained)."""
+    if graph.nodes[u].retain:
+        return graph.n - 1
+    return max(graph.users[u], default=u)
+
+
+def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2) -> _Model:
+    """The CP-SAT model of the family under `budget_bytes` (see the module docstring)."""
+    from ortools.sat.python import cp_model
+
+    n = graph.n
+    H = n * n  # event times are 0..n*n-1; an interval ending at H lives to the end
+    m = cp_model.CpModel()
+    limits = computation_limits(graph, max_computations)
+    for u in range(n):
+        if not graph.users[u] and not graph.nodes[u].retain:
+            limits[u] = 1  # a recomputation would serve nothing
+        if _last_useful_stage(graph, u) <= u:
+            limits[u] = 1
+    present, stage, end, size, intervals, demands = [], [], [], [], [], []
+    sizes = [int(b) for b in graph.sizes]
+    g_bytes = reduce(math.gcd, [b for b in sizes if b > 0], 0) or 1
+    for u in range(n):
+        pu, ku, eu, zu = [None], [u], [], []
+        t0 = event_time(n, u, u)
+        last = _last_useful_stage(graph, u)
+        no_use = not graph.users[u]
+        retain = graph.nodes[u].retain
+        for j in range(limits[u]):
+            if j == 0:
+                start = t0
+                lit = None
+            else:
+                lit = m.NewBoolVar(f"p_{u}_{j}")
+                k = m.NewIntVar(u + 1, last, f"k_{u}_{j}")
+                start = k * n + u
+                pu.append(lit)
+                ku.append(k)
+            if no_use and not retain:
+                e = t0 + 1
+                sz = 1
+            else:
+                e = m.NewIntVar(t0 + 1, H, f"e_{u}_{j}")
+                sz = m.NewIntVar(1, H - t0, f"d_{u}_{j}")
+            if lit is None:
+                iv = m.NewIntervalVar(start, sz, e, f"i_{u}_{j}")
+            else:
+                iv = m.NewOptionalIntervalVar(start, sz, e, lit, f"i_{u}_{j}")
+            eu.append(e)
+            zu.append(sz)
+            if sizes[u] > 0:
+                intervals.append(iv)
+                demands.append(sizes[u] // g_bytes)
+        for j in range(1, limits[u]):
+            if j >= 2:
+                m.AddImplication(pu[j], pu[j - 1])
+            # computation j starts after computation j-1 has ended (a resident value is not recomputed)
+            m.Add(eu[j - 1] <= ku[j] * n + u).OnlyEnforceIf(pu[j])
+        if retain:
+            for j in range(limits[u]):
+                cond = [] if j == 0 else [pu[j]]
+                if j + 1 < limits[u]:
+                    cond.append(pu[j + 1].Not())
+                m.Add(eu[j] == H).OnlyEnforceIf(cond)
+        present.append(pu)
+        stage.append(ku)
+        end.append(eu)
+        size.append(zu)
+    mdl = _Model(m, n, H, present, stage, end, size)
+    # every input of every computation is resident: served by one computation of the input
+    for v in range(n):
+        for j in range(limits[v]):
+            tv = event_time(n, v, v) if j == 0 else stage[v][j] * n + v
+            for u in graph.inputs[v]:
+                cands = [0] + [i for i in range(1, limits[u]) if u + 1 <= (v if j == 0 else _last_useful_stage(graph, v))]
+                if len(cands) == 1:
+                    if j == 0:
+                        m.Add(end[u][0] >= tv + 1)
+                    else:
+                        m.Add(end[u][0] >= tv + 1).OnlyEnforceIf(present[v][j])
+                    continue
+                lits = []
+                for i in cands:
+                    z = m.NewBoolVar(f"z_{u}_{i}_{v}_{j}")
+                    lits.append((i, z))
+                    m.Add(end[u][i] >= tv + 1).OnlyEnforceIf(z)
+                    if i >= 1:
+                        m.AddImplication(z, present[u][i])
+                        m.Add(stage[u][i] * n + u <= tv - 1).OnlyEnforceIf(z)
+                if j == 0:
+                    m.AddExactlyOne([z for _, z in lits])
+                else:
+                    m.Add(sum(z for _, z in lits) == present[v][j])
+                mdl.serve[(u, v, j)] = lits
+    cap = int(budget_bytes) - int(graph.fixed_bytes)
+    m.AddCumulative(intervals, demands, cap // g_bytes)
+    units, unit, exact = _cost_scaling(graph, limits)
+    mdl.cost_units, mdl.cost_unit, mdl.cost_exact = units, unit, exact
+    m.Minimize(sum(units[u] * present[u][j] for u in range(n) for j in range(1, limits[u]) if units[u]))
+    return mdl
+
+
+def _add_hint(mdl: _Model, graph: Graph, form: FamilyForm) -> bool:
+    """Hint every variable from a family member; False when the form does not fit the model's limits."""
+    m, n, H = mdl.model, mdl.n, mdl.horizon
+    for u in range(n):
+        if len(form.stages[u]) > len(mdl.present[u]):
+            return False
+    for u in range(n):
+        st = form.stages[u]
+        for j in range(len(mdl.present[u])):
+            here = j < len(st)
+            if j >= 1:
+                m.AddHint(mdl.present[u][j], here)
+                m.AddHint(mdl.stage[u][j], st[j] if here else u + 1)
+            t = event_time(n, st[j] if here else u + 1, u)
+            if here:
+                uses = form.serves[u][j]
+                e = H if (graph.nodes[u].retain and j == len(st) - 1) else (uses[-1] + 1 if uses else t + 1)
+            else:
+                e = t + 1
+            if not isinstance(mdl.end[u][j], int):
+                m.AddHint(mdl.end[u][j], e)
+                m.AddHint(mdl.size[u][j], max(1, e - t))
+    for (u, v, j), lits in mdl.serve.items():
+        if j < len(form.stages[v]):
+            tv = event_time(n, form.stages[v][j], v)
+            who = next(i for i, uses in enumerate(form.serves[u]) if tv in uses)
+        else:
+            who = -1
+        for i, z in lits:
+            m.AddHint(z, i == who)
+    return True
+
+
+def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int) -> tuple[list[int] | None, str | None, int | None]:
+    """The cheapest baseline schedule that fits the budget and lies in the family, and the lowest baseline peak."""
+    from solvers import baselines
+
+    best, best_name, best_cost, min_peak = None, None, math.inf, None
+    for name in ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "chen_sqrtn", "chen_sqrtn_linear"):
+        fn = getattr(baselines, name)
+        try:
+            prop = fn(graph, budget_bytes)
+        except InfeasibleBudgetError as e:
+            if e.min_budget_bytes is not None:
+                min_peak = e.min_budget_bytes if min_peak is None else min(min_peak, e.min_budget_bytes)
+            continue
+        sim = simulate(graph, prop.schedule)
+        min_peak = sim.peak_bytes if min_peak is None else min(min_peak, sim.peak_bytes)
+        seq = prop.schedule.computes
+        if sim.total_cost < best_cost and family_form(graph, seq, max_computations) is not None:
+            best, best_name, best_cost = seq, name, sim.total_cost
+        if name == "checkpoint_all":
+            break  # no recomputation: nothing cheaper exists
+    return best, best_name, min_peak
+
+
+def default_parameters(workers: int) -> dict:
+    """CP-SAT parameters tuned on the benchmark graphs (see the report in the module's tests)."""
+    return {
+        "num_workers": int(workers),
+        "symmetry_level": 0,
+    }
+
+
+def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, workers: int = 2,
+          max_computations: int = 2, hint: bool = True, hint_sequence=None, rel_gap: float = 0.0,
+          parameters: dict | None = None, log: bool = False) -> Proposal:
+    """Minimum-cost schedule of the family under `budget_bytes` (bytes), by CP-SAT.
+
+    max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
+    baseline in the family; hint_sequence: a compute sequence to try as the hint first. rel_gap: CP-SAT's
+    relative gap limit (0: prove the exact optimum). parameters: extra SatParameters fields.
+    Raises InfeasibleBudgetError (below the single-operation bound, or CP-SAT proved that no member of the family
+    fits) and NoSolutionInTimeError (no schedule within the time limit).
+    """
+    from ortools.sat.python import cp_model
+
+    t_start = time.perf_counter()
+    check_budget_floor(graph, budget_bytes, SOLVER_NAME)
+    if max_computations < 1:
+        raise ValueError("max_computations must be >= 1")
+    budget_bytes = int(budget_bytes)
+    # hint: a given sequence first, then the baselines
+    hint_seq, hint_name, min_known = None, None, None
+    if hint_sequence is not None and family_form(graph, list(hint_sequence), max_computations) is not None:
+        sim = simulate(graph, Schedule.from_sequence(graph, list(hint_sequence)))
+        if sim.peak_bytes <= budget_bytes:
+            hint_seq, hint_name, min_known = list(hint_sequence), "given", sim.peak_bytes
+    if hint and hint_seq is None:
+        hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, max_computations)
+    t_build = time.perf_counter()
+    mdl = build_model(graph, budget_bytes, max_computations)
+    info: dict = {"family": f"stages in reference order, at most {max_computations} computations per node",
+                  "max_computations": max_computations, "build_seconds": time.perf_counter() - t_build,
+                  "cost_scaling": "exact" if mdl.cost_exact else "floored (bound stays valid)",
+                  "bound_scope": "lower bound over the solver's family only"}
+    hinted = False
+    if hint_seq is not None:
+        hinted = _add_hint(mdl, graph, family_form(graph, hint_seq, max_computations))
+    info["hint"] = hint_name if hinted else None
+    solver = cp_model.CpSolver()
+    params = default_parameters(workers)
+    params.update(parameters or {})
+    if time_limit_s is not None:
+        left = time_limit_s - (time.perf_counter() - t_start) - 0.05 * time_limit_s
+        params["max_time_in_seconds"] = max(0.01, left)
+    params["relative_gap_limit"] = float(rel_gap)
+    params["log_search_progress"] = bool(log)
+    for k, v in params.items():
+        setattr(solver.parameters, k, v)
+    code = solver.Solve(mdl.model)
+    info.update(cpsat_status=solver.StatusName(code), wall_seconds=solver.WallTime(),
+                num_conflicts=solver.NumConflicts())
+    base = graph.total_cost
+    if code == cp_model.INFEASIBLE:
+        raise InfeasibleBudgetError(budget_bytes, min_known, SOLVER_NAME,
+                                    "CP-SAT proved no schedule of its family fits; the budget named is the lowest "
+                                    "peak of the baselines" if min_known is not None else
+                                    "CP-SAT proved no schedule of its family fits")
+    if code == cp_model.MODEL_INVALID:
+        raise SolverError(f"CP-SAT rejected the model: {mdl.model.Validate()}")
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise NoSolutionInTimeError(f"CP-SAT found no schedule within {time_limit_s} s "
+                                    f"(status {solver.StatusName(code)}) for {graph.name} at {budget_bytes} bytes")
+    n = graph.n
+    stages = [[u] + [int(solver.Value(mdl.stage[u][j])) for j in range(1, len(mdl.present[u]))
+                     if solver.BooleanValue(mdl.present[u][j])] for u in range(n)]
+    seq = sequence_from_stages(graph, stages)
+    sched = Schedule.from_sequence(graph, seq)
+    sim = simulate(graph, sched)
+    if sim.peak_bytes > budget_bytes:
+        raise SolverError(f"CP-SAT's schedule peaks at {sim.peak_bytes} bytes, over {budget_bytes}: a model bug")
+    bound_units = math.ceil(solver.BestObjectiveBound() - 1e-6)
+    lower = base + max(0, bound_units) * mdl.cost_unit
+    gap = (sim.total_cost - lower) / sim.total_cost if sim.total_cost > 0 else 0.0
+    info.update(gap=gap, objective_units=solver.ObjectiveValue(), bound_units=solver.BestObjectiveBound(),
+                recomputations=len(seq) - n)
+    if code == cp_model.OPTIMAL and (mdl.cost_exact or gap <= 1e-6) and rel_gap == 0.0:
+        status = Status.OPTIMAL
+    elif code == cp_model.OPTIMAL:
+        status = Status.OPTIMAL if gap <= max(rel_gap, 1e-6) else Status.FEASIBLE
+    else:
+        status = Status.FEASIBLE
+    return Proposal(sched, status, lower_bound_cost=lower, info=info)
