@@ -1,0 +1,82 @@
+"""Exact live-tensor memory on any device, seen from the dispatcher.
+
+`StorageTracker` is a TorchDispatchMode that notices every storage an operator creates and
+watches it with a weak reference, so it knows at each moment how many bytes of tensor storage
+created under it are alive, whoever holds them (Python variables, autograd's saved tensors, a
+tuple). Outputs that share an input's storage (views, aliases) add nothing. It cannot see kernel
+scratch space that never becomes a tensor.
+
+`measure_peak_bytes(fn, *args)` runs `fn` under a tracker and returns the peak of live bytes
+created during the call (the caller adds whatever was resident before, e.g. the inputs).
+Used by the tracer's tests and reusable by the executor's.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class StorageTracker(TorchDispatchMode):
+    """Tracks bytes of storages created by operators run under it.
+
+    live_bytes: bytes of those storages alive now; peak_bytes: the maximum live_bytes reached
+    (right after an operator's outputs are allocated, before its dead inputs are released).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._tracked: set[StorageWeakRef] = set()
+
+    def _release(self, key: StorageWeakRef, nbytes: int) -> None:
+        self._tracked.discard(key)
+        self.live_bytes -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen_inputs = {
+            StorageWeakRef(t.untyped_storage())
+            for t in tree_leaves((args, kwargs or {}))
+            if isinstance(t, torch.Tensor)
+        }
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = StorageWeakRef(st)
+            if key in seen_inputs or key in self._tracked:
+                continue
+            nbytes = int(st.nbytes())
+            self._tracked.add(key)
+            self.live_bytes += nbytes
+            weakref.finalize(st, self._release, key, nbytes)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out
+
+
+def measure_peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    """Run `fn(*args, **kwargs)` under a StorageTracker.
+
+    Returns (peak bytes of storages created during the call that were alive at once, fn's result).
+    Bytes of tensors that existed before the call (parameters, inputs) are not included.
+    """
+    tracker = StorageTracker()
+    with tracker:
+        result = fn(*args, **kwargs)
+    return tracker.peak_bytes, result
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (any pytree of tensors)."""
+    seen: dict[StorageWeakRef, int] = {}
+    for t in tree_leaves(tensors):
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[StorageWeakRef(st)] = int(st.nbytes())
+    return sum(seen.values())
