@@ -1,0 +1,414 @@
+"""Optimal dynamic programming for training chains (revolve / Rotor style), exact in bytes.
+
+The graphs: the shape of `graphs.generate.linear_training_graph` with any costs and sizes. For
+L forward layers, x_0 .. x_{L-1} are forward nodes 0 .. L-1 (node i reads i-1), x_L is the loss
+(node L), and the backward node B_i = node 2L-i (i < L) reads its predecessor (the gradient
+delta_{i+1}; delta_L is the loss) and x_i, and writes delta_i.
+
+The family searched (persistent schedules, as in revolve and Rotor): a value x_s that serves as
+a checkpoint stays resident until B_s has run. A subproblem holds a checkpoint x_s (and, once the
+loss exists, the incoming gradient delta_{t+1}); it either runs B_s directly (t = s), or sweeps
+forward from x_s to some x_j, keeps x_j as a new checkpoint, solves the right part (j .. t) first
+and then the left part (s .. j-1) with delta_j. Before the loss exists the sweep may run through to
+the loss instead. A virtual zero-byte checkpoint x_{-1} precedes x_0 (which has no inputs), so x_0
+itself may be dropped and recomputed from nothing. Every backward node runs once; frees are at
+last use. Memory is the simulator's: while computing v, fixed bytes + resident values + v's
+output; retained gradients stay resident to the end. The DP works on exact byte values (memoised
+on the distinct budgets that occur), so within this family it is exact: status OPTIMAL means
+"optimal among persistent schedules". No proof that this family contains an optimal schedule
+of every chain is claimed, so `lower_bound_cost` is only given when no recomputation is needed.
+
+Subproblems with the same costs and sizes (a chain of identical blocks) share one memo entry.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable
+
+from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.ir import Graph
+from graphs.schedule import Schedule, Status
+from solvers.base import Proposal
+
+INF = math.inf
+FAMILY = ("persistent checkpoint schedules (revolve/Rotor): a kept forward value stays until its backward "
+          "node; right part first; each backward node once; x_0 may be recomputed from nothing")
+
+
+def is_training_chain(graph: Graph) -> bool:
+    """True when `graph` has the shape of `linear_training_graph(L)` (any costs and sizes), L >= 1."""
+    n = graph.n
+    if n < 3 or n % 2 == 0:
+        return False
+    L = (n - 1) // 2
+    for i, ins in enumerate(graph.inputs):
+        if i == 0:
+            want: tuple[int, ...] = ()
+        elif i <= L:
+            want = (i - 1,)
+        else:
+            want = tuple(sorted({i - 1, 2 * L - i}))
+        if tuple(sorted(ins)) != want:
+            return False
+    return True
+
+
+class _Chain:
+    """The chain's arrays, indexed by layer + 1 so that the virtual checkpoint x_{-1} sits at 0."""
+
+    def __init__(self, graph: Graph):
+        n = graph.n
+        self.L = L = (n - 1) // 2
+        nd = graph.nodes
+        for i in range(L):
+            if nd[i].retain:
+                raise GraphError(f"chain_dp does not support retained forward values ({graph.describe(i)})")
+        # position p = i + 1 for layer i in -1 .. L
+        self.w = [0] + [int(nd[i].bytes) for i in range(L + 1)]  # bytes of x_i
+        self.f = [0.0] + [float(nd[i].cost) for i in range(L + 1)]  # cost of x_i
+        self.g = [0] + [int(nd[2 * L - i].bytes) for i in range(L)] + [int(nd[L].bytes)]  # bytes of delta_i
+        self.b = [0.0] + [float(nd[2 * L - i].cost) for i in range(L)] + [0.0]  # cost of B_i
+        self.rec = [True] + [bool(nd[i].recomputable) for i in range(L)] + [True]
+        self.ret = [False] + [bool(nd[2 * L - i].retain) for i in range(L)] + [bool(nd[L].retain)]
+        # R[p]: bytes of retained gradients delta_k, k >= i + 2, resident while B_i's subproblem runs
+        self.R = [0] * (L + 3)
+        for p in range(L, -1, -1):
+            k = p + 1  # position of layer i + 2 is p + 2; accumulate from the right
+            self.R[p] = self.R[p + 1] + (self.g[k + 1] if k + 1 <= L + 1 and self.ret[k + 1] else 0)
+        self.F = [0.0]  # prefix sums of forward costs over positions
+        for c in self.f:
+            self.F.append(self.F[-1] + c)
+        self.Bs = [0.0]
+        for c in self.b:
+            self.Bs.append(self.Bs[-1] + c)
+        # first non-recomputable position at or after p (L + 2 if none)
+        self.next_fixed = [L + 2] * (L + 3)
+        for p in range(L + 1, -1, -1):
+            self.next_fixed[p] = p if not self.rec[p] else self.next_fixed[p + 1]
+        self.pair = [0] + [self.w[p - 1] + self.w[p] for p in range(1, L + 2)]  # x_{p-1} and x_p together
+        self._intern_segments()
+        self.sigT = [list(col) for col in zip(*self.sig)]
+
+    def fwd_cost(self, p: int, q: int) -> float:
+        """Cost of computing positions p+1 .. q."""
+        return self.F[q + 1] - self.F[p + 1]
+
+    def min_cost(self, p: int, q: int) -> float:
+        """Least cost of a subproblem over positions p .. q: each forward p+1..q and each B once."""
+        return self.fwd_cost(p, q) + self.Bs[q + 1] - self.Bs[p]
+
+    def _intern_segments(self) -> None:
+        """sig[p][q]: one id per distinct subproblem content (positions p .. q+1 and R[q])."""
+        L = self.L
+        table: dict = {}
+        cls: list = [(self.w[p], self.f[p], self.b[p], self.g[p], self.rec[p], self.ret[p]) for p in range(L + 2)]
+        cls[0] = "virtual"  # the virtual checkpoint has no backward node: never shared with a layer
+        self.sig = [[-1] * (L + 2) for _ in range(L + 2)]
+        for p in range(L + 1):
+            seg = table.setdefault(("leaf", cls[p]), len(table))
+            for q in range(p, L + 1):
+                seg_next = table.setdefault((seg, cls[q + 1]), len(table))
+                self.sig[p][q] = table.setdefault(("sub", seg_next, self.R[q]), len(table))
+                seg = seg_next
+
+
+class _DP:
+    """Memoised cost DP for one chain (all budgets: memo keys carry the available bytes)."""
+
+    def __init__(self, ch: _Chain, deadline: float | None, m_max: int):
+        self.ch = ch
+        self.deadline = deadline
+        self.memo_sub: dict[int, tuple[float, int]] = {}
+        self.memo_top: dict[int, tuple[float, int]] = {}
+        self.capm = self._caps()
+        self.capT = [list(col) for col in zip(*self.capm)]
+        self.K = max(int(m_max), 0) + 1  # memo keys are sig * K + m, with 0 <= m <= m_max
+        self.cap_top_list = self._cap_tops()
+        self.memo_min_sub: dict[int, float] = {}
+        self.memo_min_top: dict[int, float] = {}
+        self.calls = 0
+
+    def _tick(self) -> None:
+        self.calls += 1
+        if self.deadline is not None and self.calls % 4096 == 0 and time.perf_counter() > self.deadline:
+            raise NoSolutionInTimeError("chain_dp ran out of time before finishing its dynamic program")
+
+    def cap(self, p: int, q: int) -> int:
+        """Peak bytes of the subproblem (p, q) when it keeps every forward value (least cost)."""
+        return self.capm[p][q]
+
+    def _caps(self) -> list[list[int]]:
+        # keep-everything recursion: sweep one step, keep it, right part, then B at p
+        ch = self.ch
+        n = ch.L + 2
+        capm = [[0] * n for _ in range(n)]
+        for p in range(n - 1):
+            capm[p][p] = 0 if p == 0 else ch.w[p] + ch.g[p + 1] + ch.R[p] + ch.g[p]
+        for length in range(1, n - 1):
+            for p in range(0, n - 1 - length):
+                q = p + length
+                sweep = ch.w[p] + ch.g[q + 1] + ch.R[q] + ch.w[p + 1]
+                capm[p][q] = max(sweep, ch.w[p] + capm[p + 1][q], capm[p][p])
+        return capm
+
+    def leaf(self, p: int, m: int) -> float:
+        """Cost of running B at position p with x_p and its incoming gradient resident (the subproblem p, p)."""
+        ch = self.ch
+        if p == 0:
+            return 0.0
+        return ch.b[p] if ch.w[p] + ch.g[p + 1] + ch.R[p] + ch.g[p] <= m else INF
+
+    def sub(self, p: int, q: int, m: int) -> float:
+        """Least cost of the subproblem: x at position p and delta at q+1 resident, m bytes for
+        everything in it (x_p and delta_{q+1} included); produce delta at p. inf if impossible."""
+        ch = self.ch
+        if p == q:
+            return self.leaf(p, m)
+        if m < 0 or ch.next_fixed[p + 1] <= q:
+            return INF  # no room, or a non-recomputable forward value would be computed again
+        capm, sig, K, memo = self.capm, ch.sig, self.K, self.memo_sub
+        if m > capm[p][q]:
+            m = capm[p][q]
+        key = sig[p][q] * K + m
+        got = memo.get(key)
+        if got is not None:
+            return got[0]
+        self._tick()
+        w, F, pair = ch.w, ch.F, ch.pair
+        base = w[p] + ch.g[q + 1] + ch.R[q]
+        floor = ch.min_cost(p, q)
+        leaf_p = self.leaf(p, m)
+        mr = m - w[p]  # for the right part, x_p stays resident
+        F0 = F[p + 1]
+        sig_q, cap_q = ch.sigT[q], self.capT[q]  # right parts (r, q)
+        sig_p, cap_p = sig[p], capm[p]  # left parts (p, r-1)
+        best, arg = INF, -1
+        sweep = w[p + 1]  # the sweep's peak, beyond base, up to x_r: it only grows with r
+        for r in range(p + 1, q + 1):
+            if r > p + 1 and pair[r] > sweep:
+                sweep = pair[r]
+            if base + sweep > m:
+                break
+            if floor + F[r] - F0 >= best:
+                break  # no candidate from here on can beat best, even without further recomputation
+            if r == q:
+                right = self.leaf(q, mr)
+            else:
+                mm = cap_q[r]
+                if mr < mm:
+                    mm = mr
+                got = memo.get(sig_q[r] * K + mm) if mm >= 0 else None
+                right = got[0] if got is not None else self.sub(r, q, mr)
+            if right == INF:
+                continue
+            if r - 1 == p:
+                left = leaf_p
+            else:
+                mm = cap_p[r - 1]
+                if m < mm:
+                    mm = m
+                got = memo.get(sig_p[r - 1] * K + mm)
+                left = got[0] if got is not None else self.sub(p, r - 1, m)
+            cost = F[r + 1] - F0 + right + left
+            if cost < best:
+                best, arg = cost, r - p
+        memo[key] = (best, arg)
+        return best
+
+    def cap_top(self, p: int) -> int:
+        """Peak bytes of `top(p)` when it keeps every forward value (least cost)."""
+        return self.cap_top_list[p]
+
+    def _cap_tops(self) -> list[int]:
+        ch = self.ch
+        last = ch.L + 1
+        out = [0] * (last + 1)
+        for p in range(last - 1, -1, -1):
+            out[p] = max(ch.w[p] + ch.w[p + 1], self.capm[p][p])
+            if p + 1 < last:
+                out[p] = max(out[p], ch.w[p] + out[p + 1])
+        return out
+
+    def top(self, p: int, m: int) -> float:
+        """Least cost from x at position p resident (the loss not yet computed) to the end."""
+        ch = self.ch
+        if m < 0:
+            return INF
+        cap_top = self.cap_top_list
+        if m > cap_top[p]:
+            m = cap_top[p]
+        memo, K = self.memo_top, self.K
+        key = p * K + m
+        got = memo.get(key)
+        if got is not None:
+            return got[0]
+        self._tick()
+        w, F, capm, sig, memo_sub = ch.w, ch.F, self.capm, ch.sig, self.memo_sub
+        last = ch.L + 1  # position of the loss
+        F0 = F[p + 1]
+        floor = F[last + 1] - F0 + ch.Bs[last] - ch.Bs[p]
+        mr = m - w[p]
+        leaf_p = self.leaf(p, m)
+        best, arg = INF, -1
+        pair, sig_p, cap_p = ch.pair, sig[p], capm[p]
+        sweep = w[p + 1]
+        stop = min(last, ch.next_fixed[p + 1])  # x at p+1 .. r-1 is recomputed later: it must be recomputable
+        for r in range(p + 1, stop + 1):
+            if r > p + 1 and pair[r] > sweep:
+                sweep = pair[r]
+            if w[p] + sweep > m:
+                break
+            if floor + F[r] - F0 >= best:
+                break
+            # the left part: the subproblem (p, r-1), after everything to the right
+            if r - 1 == p:
+                left = leaf_p
+            else:
+                mm = cap_p[r - 1]
+                if m < mm:
+                    mm = m
+                got = memo_sub.get(sig_p[r - 1] * K + mm)
+                left = got[0] if got is not None else self.sub(p, r - 1, m)
+            if left == INF:
+                continue
+            if r == last:
+                right = 0.0
+            else:
+                mm = cap_top[r]
+                if mr < mm:
+                    mm = mr
+                got = memo.get(r * K + mm) if mm >= 0 else None
+                right = got[0] if got is not None else self.top(r, mr)
+            cost = F[r + 1] - F0 + right + left
+            if cost < best:
+                best, arg = cost, r - p
+        memo[key] = (best, arg)
+        return best
+
+    # ---- the least memory of the family ----------------------------------------------------------
+    def min_sub(self, p: int, q: int) -> float:
+        """Least m at which `sub(p, q, m)` is finite (inf if a non-recomputable value is in the way)."""
+        ch = self.ch
+        if p == q:
+            return 0 if p == 0 else ch.w[p] + ch.g[p + 1] + ch.R[p] + ch.g[p]
+        if ch.next_fixed[p + 1] <= q:
+            return INF
+        key = ch.sig[p][q]
+        got = self.memo_min_sub.get(key)
+        if got is not None:
+            return got
+        self._tick()
+        base = ch.w[p] + ch.g[q + 1] + ch.R[q]
+        best = INF
+        sweep = 0
+        for r in range(p + 1, q + 1):
+            sweep = max(sweep, (ch.w[r - 1] if r - 1 > p else 0) + ch.w[r])
+            if base + sweep >= best:
+                break
+            best = min(best, max(base + sweep, ch.w[p] + self.min_sub(r, q), self.min_sub(p, r - 1)))
+        self.memo_min_sub[key] = best
+        return best
+
+    def min_top(self, p: int) -> float:
+        """Least m at which `top(p, m)` is finite."""
+        got = self.memo_min_top.get(p)
+        if got is not None:
+            return got
+        ch = self.ch
+        last = ch.L + 1
+        best = INF
+        sweep = 0
+        for r in range(p + 1, last + 1):
+            sweep = max(sweep, (ch.w[r - 1] if r - 1 > p else 0) + ch.w[r])
+            if ch.w[p] + sweep >= best or ch.next_fixed[p + 1] < r:
+                break
+            if r == last:
+                need = max(ch.w[p] + sweep, self.min_sub(p, last - 1))
+            else:
+                need = max(ch.w[p] + sweep, ch.w[p] + self.min_top(r), self.min_sub(p, r - 1))
+            best = min(best, need)
+        self.memo_min_top[p] = best
+        return best
+
+
+def _solve_chain(dp: _DP, m: int) -> tuple[float, list[int], list[int]]:
+    """Cost, compute sequence and kept layers of the optimum at m available bytes."""
+    cost = dp.top(0, m)
+    if cost == INF:
+        return cost, [], []
+    ch = dp.ch
+    L = ch.L
+    seq: list[int] = []
+    kept: list[int] = []
+
+    def emit_sub(p: int, q: int, mm: int) -> None:
+        if p == q:
+            if p > 0:
+                seq.append(2 * L - (p - 1))
+            return
+        mm = min(mm, dp.cap(p, q))
+        r = p + dp.memo_sub[ch.sig[p][q] * dp.K + mm][1]
+        seq.extend(range(p, r))
+        kept.append(r - 1)
+        emit_sub(r, q, mm - ch.w[p])
+        emit_sub(p, r - 1, mm)
+
+    def emit_top(p: int, mm: int) -> None:
+        mm = min(mm, dp.cap_top(p))
+        r = p + dp.memo_top[p * dp.K + mm][1]
+        seq.extend(range(p, r))
+        if r == L + 1:
+            emit_sub(p, L, mm)
+            return
+        kept.append(r - 1)
+        emit_top(r, mm - ch.w[p])
+        emit_sub(p, r - 1, mm)
+
+    emit_top(0, m)
+    return cost, seq, kept
+
+
+def chain_dp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
+    """The least-cost persistent schedule of a training chain within `budget_bytes` (see the module doc).
+
+    Raises GraphError if `graph` is not a training chain (`is_training_chain`) or retains a forward
+    value; InfeasibleBudgetError with the least peak of any persistent schedule when none fits;
+    NoSolutionInTimeError when `time_limit_s` runs out first.
+    """
+    if not is_training_chain(graph):
+        raise GraphError(f"chain_dp needs a training chain (the shape of linear_training_graph: forward chain, "
+                         f"loss, backward node 2L-i reading 2L-i-1 and forward i); '{graph.name}' is not one")
+    t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + float(time_limit_s)
+    ch = _Chain(graph)
+    dp = _DP(ch, deadline, budget_bytes - graph.fixed_bytes)
+    budget_bytes = int(budget_bytes)
+    m = budget_bytes - graph.fixed_bytes
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 20 * ch.L + 1000))  # the memoised recursion nests ~2 frames a layer
+    try:
+        cost = dp.top(0, m) if m >= 0 else INF
+        if cost == INF:
+            need = dp.min_top(0)
+            raise InfeasibleBudgetError(
+                budget_bytes, None if need == INF else graph.fixed_bytes + int(need), "chain_dp",
+                "least peak over persistent schedules (the family chain_dp searches); "
+                "a schedule outside that family might fit a smaller budget",
+            )
+        cost, seq, kept = _solve_chain(dp, m)
+    finally:
+        sys.setrecursionlimit(old_limit)
+    schedule = Schedule.from_sequence(graph, seq)
+    # Every node is computed at least once by any schedule: with no recomputation the cost is optimal.
+    no_recompute = cost <= graph.total_cost * (1 + 1e-12) + 1e-12
+    info = {
+        "family": FAMILY,
+        "optimal_within": "family",
+        "cost": cost,
+        "kept": sorted(set(kept)),
+        "dp_states": len(dp.memo_sub) + len(dp.memo_top),
+        "seconds": time.perf_counter() - t0,
+    }
+    return Proposal(schedule, Status.OPTIMAL, lower_bound_cost=graph.total_cost if no_recompute else None, info=info)
