@@ -37,6 +37,7 @@ _REGISTRY: dict[str, str] = {
     "chen_sqrtn_linear": "solvers.baselines:chen_sqrtn_linear",
     "chen_greedy": "solvers.baselines:chen_greedy",
     "chen_greedy_linear": "solvers.baselines:chen_greedy_linear",
+    "chain_dp": "solvers.chain_dp:chain_dp",
     "dtr": "solvers.dtr:dtr",
     "evict": "solvers.evict:evict",
     "auto": "solvers.auto:auto",
