@@ -20,7 +20,7 @@ from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeErr
 from graphs.generate import chain, linear_training_graph, random_dag, random_training_graph
 from graphs.ir import Graph, Node
 from graphs.schedule import OpKind, Status
-from graphs.simulate import reference_peak_bytes, simulate
+from graphs.simulate import reference_peak_bytes
 from solvers.base import solve
 from solvers.chain_dp import chain_dp, is_training_chain
 from tests.solvers.exhaustive import min_feasible_budget, optimal_cost
