@@ -27,12 +27,17 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 aten = torch.ops.aten
 
 
-def _cpu_flash_fwd_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_flop_count(query.shape, key.shape, value.shape)
+def _shape(x):
+    # FlopCounterMode hands custom formulas shapes; the tracer hands them tensors.
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(x)
 
 
-def _cpu_flash_bwd_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+def _cpu_flash_fwd_flops(query, key, value, *args, out_val=None, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(_shape(query), _shape(key), _shape(value))
+
+
+def _cpu_flash_bwd_flops(grad_out, query, key, value, *args, out_val=None, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(_shape(grad_out), _shape(query), _shape(key), _shape(value))
 
 
 EXTRA_FLOP_FORMULAS: dict[Any, Any] = {}

@@ -186,8 +186,9 @@ class TraceResult:
         partitioner tag of the group's anchor op. Random ops (dropout...) make their node
         recomputable=False: their RNG state is not replayed.
     joint_module: the fx GraphModule of the joint forward+backward aten graph, called as
-        `joint_module(primals, tangents)` (two lists; pytree codegen) and returning the flat list of
-        joint outputs described by `output_kinds`.
+        `joint_module(primals, tangents)` (two lists; pytree codegen) and returning a pair
+        (forward outputs, gradients) of tuples; `run_joint` returns them as one flat list, the joint
+        outputs described by `output_kinds`.
     node_map: graph node id -> the names of the fx nodes (of `joint_module`) it covers, in fx order.
     num_fwd_outputs: how many leading joint outputs belong to the forward (buffer updates, user
         outputs, intermediate bases); the rest are gradients, one per primal (None where no gradient).
@@ -241,6 +242,11 @@ class TraceResult:
         params = dict(self.model.named_parameters())
         buffers = dict(self.model.named_buffers())
         return [params[n] for n in self.param_names] + [buffers[n] for n in self.buffer_names] + list(inputs)
+
+    def run_joint(self, primals: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor]) -> list:
+        """Run `joint_module` and return its outputs as one flat list (see `output_kinds`)."""
+        fwd, grads = self.joint_module(list(primals), list(tangents))
+        return [*fwd, *grads]
 
     def tangents_like(self, primals: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Tangents of ones with the traced shapes, dtypes and strides (the gradient of a summed output)."""
