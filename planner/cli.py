@@ -22,15 +22,34 @@ def _build_parser() -> argparse.ArgumentParser:
     b = s.add_mutually_exclusive_group(required=True)
     b.add_argument("--budget-multiplier", type=float, help="budget = ceil(M x reference peak)")
     b.add_argument("--budget-bytes", type=int, help="budget in bytes")
-    s.add_argument("--solver", required=True, help=f"one of: {', '.join(solver_names())}")
+    b.add_argument("--min-budget", action="store_true",
+                   help="find the smallest feasible budget, print how it is known, and write its schedule")
+    s.add_argument("--solver", default=None, help=f"one of: {', '.join(solver_names())} (required with a budget)")
     s.add_argument("--time-limit", type=float, default=None, help="seconds for the solver (exact solvers)")
     s.add_argument("--out", help="write the schedule as remat-schedule JSON here")
     return p
 
 
+def cmd_min_budget(args: argparse.Namespace, graph, ref: int) -> int:
+    from solvers.min_budget import min_budget
+
+    mb = min_budget(graph, time_limit_s=args.time_limit or 60.0)
+    if args.out:
+        save_result(args.out, graph, mb.result, extra={"reference_peak_bytes": ref, "min_budget": {
+            "budget_bytes": mb.budget_bytes, "lower_bound_bytes": mb.lower_bound_bytes, "proof": mb.proof}})
+    print(f"{graph.name}: min_budget_bytes={mb.budget_bytes} ({mb.budget_bytes / ref:.4f} x reference peak) "
+          f"met by {mb.result.solver} (overhead {100 * mb.result.overhead:.3f}%); "
+          f"{'proven' if mb.proven else 'not proven'}: {mb.proof}")
+    return 0
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     graph = load_benchmark(args.graph)
     ref = reference_peak_bytes(graph)
+    if args.min_budget:
+        return cmd_min_budget(args, graph, ref)
+    if args.solver is None:
+        raise SystemExit("--solver is required with --budget-multiplier or --budget-bytes")
     if args.budget_bytes is not None:
         budget = args.budget_bytes
     else:

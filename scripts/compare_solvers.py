@@ -6,8 +6,9 @@ Writes <out>/results.json, <out>/results.md (overhead %, peak/budget, status, lo
     .venv/bin/python scripts/compare_solvers.py --graphs vgg16 unet --solvers auto chen_greedy \
         --multipliers 1.0 0.9 0.8 --time-limit 60 --out results/compare
 
-`--multipliers` may include `min`: the smallest budget auto's search knows to work (see --min-budget in the CLI
-when available); progress is printed one line per solve.
+`--multipliers` may include `min`: the graph's smallest feasible budget (solvers/min_budget.py, as
+`python -m planner solve GRAPH --min-budget` reports it), found once per graph; progress is printed one line per
+solve.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from graphs.benchmarks import CHECKMATE_GRAPHS, RANDOM_LAYERED_GRAPHS, benchmark
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError  # noqa: E402
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes  # noqa: E402
 from solvers.base import solve, solver_names  # noqa: E402
+from solvers.min_budget import min_budget  # noqa: E402
 
 
 def run_one(graph, budget: int, solver: str, time_limit: float) -> dict:
@@ -119,15 +121,20 @@ def main(argv: list[str] | None = None) -> int:
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     jobs = [(g, m, s) for g in args.graphs for m in args.multipliers for s in args.solvers]
     graphs = {}
+    min_budgets: dict = {}
     for k, (gname, mult, solver) in enumerate(jobs, 1):
         if gname not in graphs:
             g = load_benchmark(benchmark_path(gname))
             graphs[gname] = (g, reference_peak_bytes(g))
         g, ref = graphs[gname]
         if mult == "min":
-            from solvers.min_budget import min_budget  # provided by the tight-budget work
-
-            budget = min_budget(g, time_limit_s=args.time_limit).budget_bytes
+            key = ("min", gname)
+            if key not in min_budgets:
+                mb = min_budget(g, time_limit_s=args.time_limit)
+                min_budgets[key] = mb
+                print(f"    {gname}: smallest feasible budget {mb.budget_bytes / ref:.4f} x reference; {mb.proof}",
+                      flush=True)
+            budget = min_budgets[key].budget_bytes
             frac = budget / ref
         else:
             budget = budget_from_multiplier(g, float(mult))

@@ -1,0 +1,100 @@
+"""The smallest feasible budget of a graph: met by a valid schedule, with how it is known nothing smaller works.
+
+1. The single-operation bound (some node needs its inputs and output resident together) is a floor for every
+   schedule. If a solver meets it, the minimum is proven.
+2. Otherwise every registered heuristic reports the smallest budget it can meet (its InfeasibleBudgetError names
+   it); the least of these, met by a schedule, is the upper end.
+3. Bisection between the floor and that upper end, with the heuristics and then an exact solver (time-limited)
+   as the feasibility test, lowers the upper end; an exact solver's proof of infeasibility raises the lower end.
+   The proof is for the exact solver's schedule family, and the report says so.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.ir import Graph
+from graphs.schedule import SolveResult
+from solvers.base import solve, solver_names
+
+HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict")
+EXACT = ("cpsat", "milp")
+
+
+@dataclass
+class MinBudget:
+    budget_bytes: int  # the smallest budget known to work: `result` meets it
+    lower_bound_bytes: int  # no schedule (of the family named in `proof`) fits below this
+    proof: str  # how the lower end is known
+    result: SolveResult
+
+    @property
+    def proven(self) -> bool:
+        return self.lower_bound_bytes >= self.budget_bytes
+
+
+def _try(graph: Graph, budget: int, names, time_limit_s: float | None):
+    """First schedule that fits `budget`, the least budget any failing solver named, and exact proofs."""
+    named: list[int] = []
+    proofs: list[str] = []
+    for name in names:
+        if name not in solver_names():
+            continue
+        try:
+            return solve(graph, budget, name, time_limit_s=time_limit_s), named, proofs
+        except InfeasibleBudgetError as e:
+            if e.min_budget_bytes is not None:
+                named.append(e.min_budget_bytes)
+            if name in EXACT:
+                proofs.append(f"{name}: {e.reason or 'proved infeasible'}")
+        except NoSolutionInTimeError:
+            pass
+    return None, named, proofs
+
+
+def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1e-3) -> MinBudget:
+    """Search the smallest feasible budget within about `time_limit_s` seconds.
+
+    tolerance: stop the bisection once the unproven interval is below this fraction of the budget.
+    """
+    t0 = time.perf_counter()
+    floor = graph.single_op_bound_bytes()
+    per_solve = max(1.0, time_limit_s / 8)
+    res, named, _ = _try(graph, floor, HEURISTICS + EXACT, per_solve)
+    if res is not None:
+        return MinBudget(floor, floor, "single-operation bound: a node needs its inputs and output resident "
+                                       "together, and a schedule meets exactly that", res)
+    # Upper end: the least budget a heuristic named, confirmed by a schedule.
+    best: SolveResult | None = None
+    for b in sorted(set(named)):
+        r, _, _ = _try(graph, b, HEURISTICS, per_solve)
+        if r is not None:
+            best = r
+            break
+    if best is None:
+        raise InfeasibleBudgetError(floor, None, "min_budget", "no solver met any budget it named")
+    hi = best.peak_bytes  # met
+    lo = floor  # floor - 1 is impossible; lo itself failed above but without proof
+    proof = "single-operation bound"
+    lo_proved = floor
+    while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
+        mid = (lo + hi) // 2
+        r, _, proofs = _try(graph, mid, HEURISTICS + EXACT, per_solve)
+        if r is not None:
+            best, hi = r, r.peak_bytes
+        else:
+            lo = mid
+            if proofs:
+                lo_proved, proof = mid + 1, "; ".join(proofs) + f" at {mid} bytes"
+    # Final attempt to prove that just below the upper end nothing fits.
+    if lo_proved < hi and time.perf_counter() - t0 < time_limit_s:
+        r, _, proofs = _try(graph, hi - 1, EXACT, max(1.0, time_limit_s - (time.perf_counter() - t0)))
+        if r is not None:
+            best, hi = r, r.peak_bytes
+        elif proofs:
+            lo_proved, proof = hi, "; ".join(proofs) + f" at {hi - 1} bytes"
+    if lo_proved < hi:
+        proof = (f"not proven: {proof} gives {lo_proved} bytes as the lower end; "
+                 f"no solver met any budget below {hi} bytes within the time limit")
+    return MinBudget(hi, lo_proved, proof, best)

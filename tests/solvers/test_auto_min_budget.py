@@ -1,0 +1,62 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphs.errors import InfeasibleBudgetError
+from graphs.generate import linear_training_graph, random_dag, random_training_graph
+from graphs.schedule import Status
+from graphs.simulate import reference_peak_bytes, simulate
+from solvers.base import solve
+from solvers.min_budget import min_budget
+
+BASELINES = ["checkpoint_all", "chen_sqrtn", "chen_sqrtn_linear", "chen_greedy", "chen_greedy_linear"]
+
+graphs = st.one_of(
+    st.builds(random_dag, st.integers(2, 9), st.integers(0, 10**6)),
+    st.builds(random_training_graph, st.integers(2, 6), st.integers(0, 10**6)),
+    st.builds(lambda L: linear_training_graph(L), st.integers(2, 6)),
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(graph=graphs, frac=st.floats(0.4, 1.0))
+def test_auto_is_valid_and_no_worse_than_any_baseline(graph, frac):
+    budget = int(frac * reference_peak_bytes(graph))
+    try:
+        res = solve(graph, budget, "auto", time_limit_s=5)
+    except InfeasibleBudgetError:
+        for b in BASELINES:
+            with pytest.raises(InfeasibleBudgetError):
+                solve(graph, budget, b)
+        return
+    assert simulate(graph, res.schedule).peak_bytes <= budget
+    assert res.info["chosen"]
+    for b in BASELINES:
+        try:
+            other = solve(graph, budget, b)
+        except InfeasibleBudgetError:
+            continue
+        assert res.total_cost <= other.total_cost + 1e-9
+
+
+def test_auto_at_reference_peak_is_checkpoint_all_and_optimal():
+    g = random_training_graph(6, seed=2)
+    res = solve(g, reference_peak_bytes(g), "auto")
+    assert res.info["chosen"] == "checkpoint_all" and res.status is Status.OPTIMAL and res.overhead == 0
+
+
+def test_auto_below_single_op_bound_names_it():
+    g = linear_training_graph(4)
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        solve(g, g.single_op_bound_bytes() - 1, "auto")
+    assert ei.value.min_budget_bytes == g.single_op_bound_bytes()
+
+
+@settings(max_examples=10, deadline=None)
+@given(graph=graphs)
+def test_min_budget_is_met_and_nothing_below_floor(graph):
+    mb = min_budget(graph, time_limit_s=5)
+    assert mb.budget_bytes >= graph.single_op_bound_bytes()
+    assert mb.lower_bound_bytes <= mb.budget_bytes
+    assert simulate(graph, mb.result.schedule).peak_bytes <= mb.budget_bytes
+    assert mb.proof
