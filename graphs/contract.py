@@ -206,6 +206,11 @@ def _order_groups(records: list[OpRecord], root_of: list[int], anchor: list[int]
         stuck = [records[members[g][0]].name for g in roots if indeg[g] > 0][:5]
         raise ValueError(f"alias grouping made a cycle among the ops {stuck}")
     gid = {g: k for k, g in enumerate(order)}
+    read_outside: set[int] = set()
+    for i, r in enumerate(records):
+        for j in r.inputs:
+            if root_of[j] != root_of[i]:
+                read_outside.add(j)
     groups = []
     for g in order:
         ms = members[g]
@@ -214,7 +219,7 @@ def _order_groups(records: list[OpRecord], root_of: list[int], anchor: list[int]
             Group(
                 members=ms,
                 inputs=tuple(sorted(gid[h] for h in ext_inputs[g])),
-                bytes=sum(records[i].bytes for i in ms),
+                bytes=_high_water_bytes(records, ms, read_outside),
                 cost=float(sum(records[i].cost for i in ms)),
                 backward=records[a].backward,
                 recomputable=not any(_pinned(records[i]) for i in ms),
@@ -223,6 +228,39 @@ def _order_groups(records: list[OpRecord], root_of: list[int], anchor: list[int]
             )
         )
     return Contraction(groups, [gid[root_of[i]] for i in range(len(records))])
+
+
+def _high_water_bytes(records: list[OpRecord], ms: list[int], read_outside: set[int]) -> int:
+    """Most bytes a group's members hold at once when it runs its ops in fx order.
+
+    A member's value lives until its last reader inside the group, or to the end when it is read
+    outside the group or retained; an alias member extends the life of the storage it shares. For a
+    group of aliases this is the sum of their new bytes; for a merged chain it is the chain's
+    transient peak, which is what the group adds to memory while it runs (an overestimate of what it
+    holds afterwards, never an underestimate).
+    """
+    if len(ms) == 1:
+        return int(records[ms[0]].bytes)
+    inside = set(ms)
+    end = len(records)
+    last = {i: (end if (i in read_outside or records[i].retain) else i) for i in ms}
+    for i in ms:
+        for j in records[i].inputs:
+            if j in inside:
+                last[j] = max(last[j], i)
+    for i in reversed(ms):  # aliases keep the storages they share alive
+        for j in records[i].shares_with:
+            if j in inside:
+                last[j] = max(last[j], last[i])
+    live = peak = 0
+    frees: dict[int, int] = {}
+    for i in ms:
+        live += records[i].bytes
+        peak = max(peak, live)
+        frees.setdefault(last[i], 0)
+        frees[last[i]] += records[i].bytes
+        live -= frees.pop(i, 0)
+    return int(peak)
 
 
 def _one_node_per_op(records: list[OpRecord]) -> Contraction:
