@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from bisect import bisect_left, bisect_right
 
 from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
@@ -127,17 +128,75 @@ class _Chain:
                 seg = seg_next
 
 
+_NONE = (INF, -1, INF)  # (cost, choice, peak used) of an impossible subproblem
+
+
+class _Memo:
+    """Results (cost, choice, peak used) of one kind of subproblem, by content id and available bytes m.
+
+    An optimum found at m whose schedule peaks at `used` bytes is also optimal at every m' in [used, m]:
+    less memory never lowers the least cost, and that schedule still fits. So results are also kept as
+    disjoint intervals of m per content id (merged when their costs are equal: the least cost is
+    monotone in m), which answers the many nearby budgets that chains with irregular sizes produce.
+    """
+
+    def __init__(self, K: int):
+        self.K = K
+        self.exact: dict[int, tuple[float, int, float]] = {}  # id * K + m -> result
+        self.ivals: dict[int, tuple[list, list, list]] = {}  # id -> (used, hi, result) sorted by used
+        self.infeasible: dict[int, int] = {}  # id -> the largest m known to be infeasible
+
+    def find(self, sid: int, m: int):
+        key = sid * self.K + m
+        got = self.exact.get(key)
+        if got is not None:
+            return got
+        if m <= self.infeasible.get(sid, -1):
+            got = _NONE
+        else:
+            iv = self.ivals.get(sid)
+            if iv is None:
+                return None
+            i = bisect_right(iv[0], m) - 1
+            if i < 0 or m > iv[1][i]:
+                return None
+            got = iv[2][i]
+        self.exact[key] = got
+        return got
+
+    def store(self, sid: int, m: int, res: tuple[float, int, float]) -> None:
+        self.exact[sid * self.K + m] = res
+        cost, _, used = res
+        if cost == INF:
+            if m > self.infeasible.get(sid, -1):
+                self.infeasible[sid] = m
+            return
+        useds, his, results = self.ivals.setdefault(sid, ([], [], []))
+        lo, hi = int(used), m
+        i = bisect_left(useds, lo)
+        if i > 0 and results[i - 1][0] == cost:  # same cost just below: one interval
+            lo, res, hi = useds[i - 1], results[i - 1], max(hi, his[i - 1])
+            i -= 1
+            del useds[i], his[i], results[i]
+        if i < len(useds) and results[i][0] == cost:  # same cost just above
+            hi = max(hi, his[i])
+            del useds[i], his[i], results[i]
+        useds.insert(i, lo)
+        his.insert(i, hi)
+        results.insert(i, res)
+
+
 class _DP:
-    """Memoised cost DP for one chain (all budgets: memo keys carry the available bytes)."""
+    """Memoised cost DP for one chain: `sub` and `top` return (cost, choice, peak used)."""
 
     def __init__(self, ch: _Chain, deadline: float | None, m_max: int):
         self.ch = ch
         self.deadline = deadline
-        self.memo_sub: dict[int, tuple[float, int]] = {}
-        self.memo_top: dict[int, tuple[float, int]] = {}
+        self.K = max(int(m_max), 0) + 1  # memo keys are id * K + m, with 0 <= m <= m_max
+        self.memo_sub = _Memo(self.K)
+        self.memo_top = _Memo(self.K)
         self.capm = self._caps()
         self.capT = [list(col) for col in zip(*self.capm)]
-        self.K = max(int(m_max), 0) + 1  # memo keys are sig * K + m, with 0 <= m <= m_max
         self.cap_top_list = self._cap_tops()
         self.memo_min_sub: dict[int, float] = {}
         self.memo_min_top: dict[int, float] = {}
@@ -145,15 +204,11 @@ class _DP:
 
     def _tick(self) -> None:
         self.calls += 1
-        if self.deadline is not None and self.calls % 4096 == 0 and time.perf_counter() > self.deadline:
+        if self.deadline is not None and self.calls % 1024 == 0 and time.perf_counter() > self.deadline:
             raise NoSolutionInTimeError("chain_dp ran out of time before finishing its dynamic program")
 
-    def cap(self, p: int, q: int) -> int:
-        """Peak bytes of the subproblem (p, q) when it keeps every forward value (least cost)."""
-        return self.capm[p][q]
-
     def _caps(self) -> list[list[int]]:
-        # keep-everything recursion: sweep one step, keep it, right part, then B at p
+        """capm[p][q]: peak of the subproblem (p, q) when it keeps every forward value (least cost)."""
         ch = self.ch
         n = ch.L + 2
         capm = [[0] * n for _ in range(n)]
@@ -166,29 +221,42 @@ class _DP:
                 capm[p][q] = max(sweep, ch.w[p] + capm[p + 1][q], capm[p][p])
         return capm
 
-    def leaf(self, p: int, m: int) -> float:
-        """Cost of running B at position p with x_p and its incoming gradient resident (the subproblem p, p)."""
+    def _cap_tops(self) -> list[int]:
+        """The same for `top(p)`."""
+        ch = self.ch
+        last = ch.L + 1
+        out = [0] * (last + 1)
+        for p in range(last - 1, -1, -1):
+            out[p] = max(ch.w[p] + ch.w[p + 1], self.capm[p][p])
+            if p + 1 < last:
+                out[p] = max(out[p], ch.w[p] + out[p + 1])
+        return out
+
+    def leaf(self, p: int, m: int) -> tuple[float, int, float]:
+        """Run B at position p with x_p and its incoming gradient resident (the subproblem p, p)."""
         ch = self.ch
         if p == 0:
-            return 0.0
-        return ch.b[p] if ch.w[p] + ch.g[p + 1] + ch.R[p] + ch.g[p] <= m else INF
+            return (0.0, 0, 0)
+        need = ch.w[p] + ch.g[p + 1] + ch.R[p] + ch.g[p]
+        return (ch.b[p], 0, need) if need <= m else _NONE
 
-    def sub(self, p: int, q: int, m: int) -> float:
-        """Least cost of the subproblem: x at position p and delta at q+1 resident, m bytes for
-        everything in it (x_p and delta_{q+1} included); produce delta at p. inf if impossible."""
+    def sub(self, p: int, q: int, m: int) -> tuple[float, int, float]:
+        """The subproblem (p, q): x at position p and delta at q+1 resident, m bytes for everything in
+        it (x_p and delta_{q+1} included); produce delta at p. Least cost, choice, peak used."""
         ch = self.ch
         if p == q:
             return self.leaf(p, m)
         if m < 0 or ch.next_fixed[p + 1] <= q:
-            return INF  # no room, or a non-recomputable forward value would be computed again
+            return _NONE  # no room, or a non-recomputable forward value would be computed again
         capm, sig, K, memo = self.capm, ch.sig, self.K, self.memo_sub
         if m > capm[p][q]:
             m = capm[p][q]
-        key = sig[p][q] * K + m
-        got = memo.get(key)
+        sid = sig[p][q]
+        got = memo.find(sid, m)
         if got is not None:
-            return got[0]
+            return got
         self._tick()
+        exact = memo.exact
         w, F, pair = ch.w, ch.F, ch.pair
         base = w[p] + ch.g[q + 1] + ch.R[q]
         floor = ch.min_cost(p, q)
@@ -197,7 +265,7 @@ class _DP:
         F0 = F[p + 1]
         sig_q, cap_q = ch.sigT[q], self.capT[q]  # right parts (r, q)
         sig_p, cap_p = sig[p], capm[p]  # left parts (p, r-1)
-        best, arg = INF, -1
+        best, arg, used = INF, -1, INF
         sweep = w[p + 1]  # the sweep's peak, beyond base, up to x_r: it only grows with r
         for r in range(p + 1, q + 1):
             if r > p + 1 and pair[r] > sweep:
@@ -212,9 +280,8 @@ class _DP:
                 mm = cap_q[r]
                 if mr < mm:
                     mm = mr
-                got = memo.get(sig_q[r] * K + mm) if mm >= 0 else None
-                right = got[0] if got is not None else self.sub(r, q, mr)
-            if right == INF:
+                right = (exact.get(sig_q[r] * K + mm) if mm >= 0 else None) or self.sub(r, q, mr)
+            if right[0] == INF:
                 continue
             if r - 1 == p:
                 left = leaf_p
@@ -222,49 +289,35 @@ class _DP:
                 mm = cap_p[r - 1]
                 if m < mm:
                     mm = m
-                got = memo.get(sig_p[r - 1] * K + mm)
-                left = got[0] if got is not None else self.sub(p, r - 1, m)
-            cost = F[r + 1] - F0 + right + left
+                left = exact.get(sig_p[r - 1] * K + mm) or self.sub(p, r - 1, m)
+            cost = F[r + 1] - F0 + right[0] + left[0]
             if cost < best:
-                best, arg = cost, r - p
-        memo[key] = (best, arg)
-        return best
+                best, arg, used = cost, r - p, max(base + sweep, w[p] + right[2], left[2])
+        res = (best, arg, used)
+        memo.store(sid, m, res)
+        return res
 
-    def cap_top(self, p: int) -> int:
-        """Peak bytes of `top(p)` when it keeps every forward value (least cost)."""
-        return self.cap_top_list[p]
-
-    def _cap_tops(self) -> list[int]:
-        ch = self.ch
-        last = ch.L + 1
-        out = [0] * (last + 1)
-        for p in range(last - 1, -1, -1):
-            out[p] = max(ch.w[p] + ch.w[p + 1], self.capm[p][p])
-            if p + 1 < last:
-                out[p] = max(out[p], ch.w[p] + out[p + 1])
-        return out
-
-    def top(self, p: int, m: int) -> float:
-        """Least cost from x at position p resident (the loss not yet computed) to the end."""
+    def top(self, p: int, m: int) -> tuple[float, int, float]:
+        """From x at position p resident (the loss not yet computed) to the end: cost, choice, peak used."""
         ch = self.ch
         if m < 0:
-            return INF
+            return _NONE
         cap_top = self.cap_top_list
         if m > cap_top[p]:
             m = cap_top[p]
         memo, K = self.memo_top, self.K
-        key = p * K + m
-        got = memo.get(key)
+        got = memo.find(p, m)
         if got is not None:
-            return got[0]
+            return got
         self._tick()
-        w, F, capm, sig, memo_sub = ch.w, ch.F, self.capm, ch.sig, self.memo_sub
+        exact, exact_sub = memo.exact, self.memo_sub.exact
+        w, F, capm, sig = ch.w, ch.F, self.capm, ch.sig
         last = ch.L + 1  # position of the loss
         F0 = F[p + 1]
         floor = F[last + 1] - F0 + ch.Bs[last] - ch.Bs[p]
         mr = m - w[p]
         leaf_p = self.leaf(p, m)
-        best, arg = INF, -1
+        best, arg, used = INF, -1, INF
         pair, sig_p, cap_p = ch.pair, sig[p], capm[p]
         sweep = w[p + 1]
         stop = min(last, ch.next_fixed[p + 1])  # x at p+1 .. r-1 is recomputed later: it must be recomputable
@@ -282,23 +335,25 @@ class _DP:
                 mm = cap_p[r - 1]
                 if m < mm:
                     mm = m
-                got = memo_sub.get(sig_p[r - 1] * K + mm)
-                left = got[0] if got is not None else self.sub(p, r - 1, m)
-            if left == INF:
+                left = exact_sub.get(sig_p[r - 1] * K + mm) or self.sub(p, r - 1, m)
+            if left[0] == INF:
                 continue
             if r == last:
-                right = 0.0
+                right_cost, right_used = 0.0, 0
             else:
                 mm = cap_top[r]
                 if mr < mm:
                     mm = mr
-                got = memo.get(r * K + mm) if mm >= 0 else None
-                right = got[0] if got is not None else self.top(r, mr)
-            cost = F[r + 1] - F0 + right + left
+                right = (exact.get(r * K + mm) if mm >= 0 else None) or self.top(r, mr)
+                if right[0] == INF:
+                    continue
+                right_cost, right_used = right[0], w[p] + right[2]
+            cost = F[r + 1] - F0 + right_cost + left[0]
             if cost < best:
-                best, arg = cost, r - p
-        memo[key] = (best, arg)
-        return best
+                best, arg, used = cost, r - p, max(w[p] + sweep, right_used, left[2])
+        res = (best, arg, used)
+        memo.store(p, m, res)
+        return res
 
     # ---- the least memory of the family ----------------------------------------------------------
     def min_sub(self, p: int, q: int) -> float:
@@ -346,9 +401,10 @@ class _DP:
         return best
 
 
+
 def _solve_chain(dp: _DP, m: int) -> tuple[float, list[int], list[int]]:
     """Cost, compute sequence and kept layers of the optimum at m available bytes."""
-    cost = dp.top(0, m)
+    cost = dp.top(0, m)[0]
     if cost == INF:
         return cost, [], []
     ch = dp.ch
@@ -361,16 +417,14 @@ def _solve_chain(dp: _DP, m: int) -> tuple[float, list[int], list[int]]:
             if p > 0:
                 seq.append(2 * L - (p - 1))
             return
-        mm = min(mm, dp.cap(p, q))
-        r = p + dp.memo_sub[ch.sig[p][q] * dp.K + mm][1]
-        seq.extend(range(p, r))
+        r = p + dp.sub(p, q, mm)[1]
+        seq.extend(range(p, r))  # positions p+1 .. r are nodes p .. r-1
         kept.append(r - 1)
         emit_sub(r, q, mm - ch.w[p])
         emit_sub(p, r - 1, mm)
 
     def emit_top(p: int, mm: int) -> None:
-        mm = min(mm, dp.cap_top(p))
-        r = p + dp.memo_top[p * dp.K + mm][1]
+        r = p + dp.top(p, mm)[1]
         seq.extend(range(p, r))
         if r == L + 1:
             emit_sub(p, L, mm)
@@ -402,7 +456,7 @@ def chain_dp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = No
     old_limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old_limit, 20 * ch.L + 1000))  # the memoised recursion nests ~2 frames a layer
     try:
-        cost = dp.top(0, m) if m >= 0 else INF
+        cost = dp.top(0, m)[0] if m >= 0 else INF
         if cost == INF:
             need = dp.min_top(0)
             raise InfeasibleBudgetError(
@@ -421,7 +475,7 @@ def chain_dp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = No
         "optimal_within": "family",
         "cost": cost,
         "kept": sorted(set(kept)),
-        "dp_states": len(dp.memo_sub) + len(dp.memo_top),
+        "dp_states": len(dp.memo_sub.exact) + len(dp.memo_top.exact),
         "seconds": time.perf_counter() - t0,
     }
     return Proposal(schedule, Status.OPTIMAL, lower_bound_cost=graph.total_cost if no_recompute else None, info=info)

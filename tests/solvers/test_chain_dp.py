@@ -246,7 +246,7 @@ def test_unit_chain_l200_is_fast():
         res = solve(g, b, "chain_dp")
         seconds = time.perf_counter() - t0
         assert res.peak_bytes <= b
-        assert seconds < 2.0, f"budget {b}: {seconds:.2f} s"  # about 0.1-0.7 s on an idle 2-core machine
+        assert seconds < 3.0, f"budget {b}: {seconds:.2f} s"  # 0.05-1.3 s measured on the shared 2-core machine
     assert solve(g, 3, "chain_dp").total_cost == 401 + 200 * 199 // 2  # recompute from x_0 every time
 
 
