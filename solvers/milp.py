@@ -1,0 +1,464 @@
+"""The Checkmate MILP (Jain et al., MLSys 2020) with frontier-advancing stages, built with PuLP.
+
+Schedule family: the stage family of `solvers.stage_model` (stage t recomputes some nodes < t in ascending
+order, then computes t for the first time; frees at last use). "Optimal" and the lower bound refer to that
+family: first computations in the reference order, each node at most once per stage.
+
+Variables (only the lower triangle is created): R[t, i] (i < t, recomputable i; R[t, t] = 1 is a constant),
+S[t, i] (i < t; the end state S[n] is the retained set, a constant), FREE[t, i, k] (free i after computing k
+in stage t; created only where it can be 1), U[t, k] (memory while computing k in stage t, continuous, in
+units of the budget left after fixed bytes). Memory is exactly the simulator's: fixed bytes, plus everything
+resident, plus the output of the node being computed; a value is freed after its last reader in the stage
+unless the next stage keeps it.
+
+On top of Checkmate's constraints the model adds two dominance cuts (`tighten=True`), each satisfied by some
+optimal schedule so they keep the optimum and tighten the relaxation: recompute i in stage t only if a later
+node of the stage reads it or stage t+1 keeps it; keep i into stage t only if stage t reads it or keeps it
+further. FREE is only bounded from above (freeing more only lowers memory, so the solver frees what it may).
+
+Backends (`backend=`): "highs" (default; highspy through PuLP's HiGHS API) and "cbc" (PuLP's bundled CBC).
+Warm start (the cheapest baseline schedule that the model accepts) works with both: HiGHS gets it through
+`Highs.setSolution` before the run, CBC through PuLP's `warmStart` (a MIP-start file).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pulp
+
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
+from graphs.ir import Graph
+from graphs.schedule import Schedule, Status
+from graphs.simulate import simulate
+from solvers.base import Proposal, check_budget_floor
+from solvers.stage_model import (free_matrix, modeled_memory, sequence_from_stages, stage_cost,
+                                 stages_from_sequence)
+
+BACKENDS = ("highs", "cbc")
+FAMILY = "frontier-advancing stages (first computations in the reference order, each node at most once per stage)"
+
+
+@dataclass
+class StageMILP:
+    """A built model: the PuLP problem and its variables, keyed by (t, i) / (t, i, k)."""
+
+    graph: Graph
+    budget_bytes: int
+    unit_bytes: float  # memory unit of U and of the budget row (so the budget is 1.0)
+    prob: pulp.LpProblem
+    R: dict = field(default_factory=dict)
+    S: dict = field(default_factory=dict)
+    FREE: dict = field(default_factory=dict)
+    U: dict = field(default_factory=dict)
+    build_seconds: float = 0.0
+
+    def r(self, t: int, i: int):
+        """R[t, i] as a variable or a constant 0/1."""
+        if i == t:
+            return 1
+        return self.R.get((t, i), 0)
+
+    def s(self, t: int, i: int):
+        if t == self.graph.n:
+            return 1 if self.graph.nodes[i].retain else 0
+        return self.S.get((t, i), 0)
+
+    def values(self) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Rounded (R, S, FREE) of the current solution."""
+        n = self.graph.n
+        R = np.zeros((n, n), dtype=bool)
+        S = np.zeros((n + 1, n), dtype=bool)
+        for t in range(n):
+            R[t, t] = True
+        for (t, i), v in self.R.items():
+            R[t, i] = (v.varValue or 0.0) > 0.5
+        for (t, i), v in self.S.items():
+            S[t, i] = (v.varValue or 0.0) > 0.5
+        for i in self.graph.retained:
+            S[n, i] = True
+        F = {key: (v.varValue or 0.0) > 0.5 for key, v in self.FREE.items()}
+        return R, S, F
+
+
+def _add(prob: pulp.LpProblem, terms: list, sense: int, rhs: float) -> None:
+    """Add sum(coef * var) (sense) rhs, where terms mixes (var, coef) pairs and constants (coef * 1)."""
+    expr = pulp.LpAffineExpression()
+    const = 0.0
+    for x, c in terms:
+        if isinstance(x, (int, float)):
+            const += c * x
+        else:
+            expr.addterm(x, c)
+    if not expr:  # a constant constraint: the builder only emits satisfiable ones
+        return
+    prob.addConstraint(pulp.LpConstraint(expr, sense, rhs=rhs - const))
+
+
+def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten: bool = True,
+                aggregated_free: bool = False) -> StageMILP:
+    """Build the stage MILP (or its LP relaxation with `relax=True`).
+
+    aggregated_free: bound FREE with Checkmate's single aggregated hazard row instead of one row per hazard
+    (weaker relaxation; kept to reproduce Checkmate's published LP bound).
+    """
+    t0 = time.perf_counter()
+    n = graph.n
+    m = [int(x) for x in graph.sizes]
+    unit = float(max(budget_bytes - graph.fixed_bytes, 1))
+    prob = pulp.LpProblem(f"checkmate_{graph.name}", pulp.LpMinimize)
+    model = StageMILP(graph, int(budget_bytes), unit, prob)
+    cat = pulp.LpContinuous if relax else pulp.LpBinary
+    recomputable = [nd.recomputable for nd in graph.nodes]
+    users, inputs = graph.users, graph.inputs
+    for t in range(n):
+        for i in range(t):
+            if recomputable[i]:
+                model.R[t, i] = pulp.LpVariable(f"R_{t}_{i}", 0, 1, cat)
+            model.S[t, i] = pulp.LpVariable(f"S_{t}_{i}", 0, 1, cat)
+    r, s = model.r, model.s
+    LE, EQ = pulp.LpConstraintLE, pulp.LpConstraintEQ
+    # A value kept into stage t+1 was kept into stage t or computed in stage t.
+    for t in range(n):
+        for i in range(t):
+            if isinstance(s(t + 1, i), int) and s(t + 1, i) == 0:
+                continue
+            _add(prob, [(s(t + 1, i), 1), (s(t, i), -1), (r(t, i), -1)], LE, 0)
+    # Computing j needs each input resident: computed earlier in the stage or kept.
+    for t in range(n):
+        for j in range(t + 1):
+            if isinstance(r(t, j), int) and r(t, j) == 0:
+                continue
+            for i in inputs[j]:
+                _add(prob, [(r(t, j), 1), (r(t, i), -1), (s(t, i), -1)], LE, 0)
+    if tighten:
+        for t in range(n):
+            for i in range(t):
+                later_readers = [j for j in users[i] if j <= t]
+                if t in later_readers:
+                    continue  # stage t always reads i: both cuts are void
+                rd = [(r(t, j), -1) for j in later_readers]
+                if (t, i) in model.R:
+                    _add(prob, [(r(t, i), 1), (s(t + 1, i), -1), *[(r(t, j), -1) for j in users[i] if i < j <= t]],
+                         LE, 0)
+                _add(prob, [(s(t, i), 1), (s(t + 1, i), -1), *rd], LE, 0)
+    # FREE[t, i, k] <= R[t, k], <= 1 - S[t+1, i], <= 1 - R[t, j] for every later reader j of i in the stage.
+    for t in range(n):
+        for k in range(t + 1):
+            rk = r(t, k)
+            if isinstance(rk, int) and rk == 0:
+                continue
+            for i in dict.fromkeys((*inputs[k], k)):
+                keep = s(t + 1, i)
+                if isinstance(keep, int) and keep == 1:
+                    continue
+                hazards = [r(t, j) for j in users[i] if k < j <= t]
+                if any(isinstance(h, int) and h == 1 for h in hazards):
+                    continue  # node t reads i later in the stage: never freed here
+                hazards = [h for h in hazards if not isinstance(h, int)]
+                f = pulp.LpVariable(f"F_{t}_{i}_{k}", 0, 1, cat)
+                model.FREE[t, i, k] = f
+                if aggregated_free:
+                    # (1 - FREE) * (number of hazards) >= (1 - R[t,k]) + S[t+1,i] + sum R[t,j]
+                    nh = 1 + len(hazards) + (0 if isinstance(keep, int) else 1)
+                    _add(prob, [(f, nh), (rk, -1), (keep, 1), *[(h, 1) for h in hazards]], LE, nh - 1)
+                else:
+                    if not isinstance(rk, int):
+                        _add(prob, [(f, 1), (rk, -1)], LE, 0)
+                    if not isinstance(keep, int):
+                        _add(prob, [(f, 1), (keep, 1)], LE, 1)
+                    for h in hazards:
+                        _add(prob, [(f, 1), (h, 1)], LE, 1)
+    # Memory: U[t, 0] = kept + R[t,0] m_0; U[t, k] = U[t, k-1] - freed after k-1 + R[t,k] m_k; U <= budget.
+    for t in range(n):
+        prev = None
+        for k in range(t + 1):
+            u = pulp.LpVariable(f"U_{t}_{k}", None, None, pulp.LpContinuous)
+            model.U[t, k] = u
+            terms = [(u, 1), (r(t, k), -m[k] / unit)]
+            if k == 0:
+                terms += [(s(t, i), -m[i] / unit) for i in range(t)]
+            else:
+                terms.append((prev, -1))
+                terms += [(model.FREE[t, i, k - 1], m[i] / unit) for i in dict.fromkeys((*inputs[k - 1], k - 1))
+                          if (t, i, k - 1) in model.FREE]
+            _add(prob, terms, EQ, 0)
+            if not (isinstance(r(t, k), int) and r(t, k) == 0):
+                _add(prob, [(u, 1)], LE, (budget_bytes - graph.fixed_bytes) / unit)
+            prev = u
+    costs = graph.costs
+    obj = pulp.LpAffineExpression([(v, float(costs[i])) for (t, i), v in model.R.items() if costs[i] != 0])
+    obj.constant = float(costs.sum())
+    prob.setObjective(obj)
+    model.build_seconds = time.perf_counter() - t0
+    return model
+
+
+# ---- warm start -------------------------------------------------------------------------------------------
+BASELINES = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "chen_sqrtn", "chen_sqrtn_linear")
+
+
+def baseline_schedules(graph: Graph, budget_bytes: int) -> tuple[list[tuple[float, str, list[int]]], int | None, str]:
+    """Every baseline schedule within budget as (cost, name, sequence), cheapest first, and the smallest budget
+    a baseline is known to meet (with its name)."""
+    from solvers import baselines
+
+    found, best_min, best_name = [], None, ""
+    for name in BASELINES:
+        try:
+            prop = getattr(baselines, name)(graph, budget_bytes)
+        except InfeasibleBudgetError as e:
+            if e.min_budget_bytes is not None and (best_min is None or e.min_budget_bytes < best_min):
+                best_min, best_name = e.min_budget_bytes, name
+            continue
+        sim = simulate(graph, prop.schedule)
+        found.append((sim.total_cost, name, prop.schedule.computes))
+        if best_min is None or sim.peak_bytes < best_min:
+            best_min, best_name = sim.peak_bytes, name
+    found.sort(key=lambda x: x[0])
+    return found, best_min, best_name
+
+
+def start_values(model: StageMILP, sequence: list[int]) -> dict[str, float] | None:
+    """Variable values (by name) that put `sequence` into the model, or None if it is not a feasible point."""
+    g = model.graph
+    st = stages_from_sequence(g, sequence)
+    if st is None:
+        return None
+    R, S = st
+    F = free_matrix(g, R, S)
+    U = modeled_memory(g, R, S, F)
+    out: dict[str, float] = {}
+    for t in range(g.n):
+        for i in range(t):
+            if R[t, i] and (t, i) not in model.R:
+                return None
+    for k in range(g.n):
+        for t in range(k, g.n):
+            if R[t, k] and U[t, k] > model.budget_bytes:
+                return None
+    for (t, i), v in model.R.items():
+        out[v.name] = float(R[t, i])
+    for (t, i), v in model.S.items():
+        out[v.name] = float(S[t, i])
+    for key, v in model.FREE.items():
+        out[v.name] = float(F.get(key, False))
+    for (t, k), v in model.U.items():
+        out[v.name] = float(U[t, k] - g.fixed_bytes) / model.unit_bytes
+    return out
+
+
+# ---- backends ----------------------------------------------------------------------------------------------
+class _HighsWithStart(pulp.HiGHS):
+    """PuLP's HiGHS API plus a MIP start (Highs.setSolution before the run)."""
+
+    def __init__(self, start: dict[str, float] | None = None, **kw):
+        super().__init__(**kw)
+        self.start = start
+
+    def callSolver(self, lp):
+        if self.start:
+            import highspy
+
+            h = lp.solverModel
+            vals = [0.0] * h.getNumCol()
+            for v in lp.variables():
+                vals[v.index] = self.start.get(v.name, 0.0)
+            sol = highspy.HighsSolution()
+            sol.col_value = vals
+            sol.value_valid = True
+            h.setSolution(sol)
+        super().callSolver(lp)
+
+
+@dataclass
+class BackendResult:
+    outcome: str  # "optimal" | "feasible" | "infeasible" | "no_solution" | "error"
+    objective: float | None
+    bound: float | None
+    detail: str
+
+
+def _run_highs(model: StageMILP, time_limit_s, mip_gap, threads, start, relax=False) -> BackendResult:
+    import highspy
+
+    opts = {"mip_feasibility_tolerance": 1e-9, "primal_feasibility_tolerance": 1e-9}
+    solver = _HighsWithStart(start=start, msg=False, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads,
+                             mip=not relax, **opts)
+    model.prob.solve(solver)
+    h = model.prob.solverModel
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    S = highspy.HighsModelStatus
+    has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    offset = float(model.prob.objective.constant)  # PuLP does not hand the objective constant to HiGHS
+    obj = info.objective_function_value + offset if has_sol else None
+    bound = None
+    if not relax:
+        b = info.mip_dual_bound
+        bound = float(b) + offset if b is not None and math.isfinite(b) else None
+    elif ms == S.kOptimal:
+        bound = obj
+    detail = f"HiGHS {h.modelStatusToString(ms)}"
+    if ms == S.kOptimal:
+        return BackendResult("optimal", obj, bound if bound is not None else obj, detail)
+    if ms in (S.kInfeasible, S.kUnboundedOrInfeasible):  # the model is bounded (costs >= 0): infeasible
+        return BackendResult("infeasible", None, None, detail)
+    limits = {S.kTimeLimit, S.kIterationLimit, S.kSolutionLimit, S.kInterrupt, S.kObjectiveBound,
+              S.kObjectiveTarget, S.kMemoryLimit}
+    if hasattr(S, "kHighsInterrupt"):
+        limits.add(S.kHighsInterrupt)
+    if ms in limits:
+        return BackendResult("feasible" if has_sol else "no_solution", obj, bound, detail)
+    return BackendResult("error", obj, bound, detail)
+
+
+_CBC_BOUND = re.compile(r"^(?:Lower bound|Objective value):\s*([-+0-9.eE]+)", re.M)
+
+
+def _run_cbc(model: StageMILP, time_limit_s, mip_gap, threads, start) -> BackendResult:
+    if start:
+        for v in model.prob.variables():
+            if v.name in start:
+                v.setInitialValue(start[v.name])
+    fd, log = tempfile.mkstemp(suffix=".log", prefix="cbc_")
+    os.close(fd)
+    try:
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=None if time_limit_s is None else max(1, int(time_limit_s)),
+                                   gapRel=mip_gap, threads=threads, warmStart=bool(start), logPath=log)
+        model.prob.solve(solver)
+        text = open(log).read()
+    finally:
+        os.unlink(log)
+    status, sol = model.prob.status, model.prob.sol_status
+    obj = pulp.value(model.prob.objective) if sol in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible) else None
+    # CBC's summary prints "Lower bound:" when it stops early; when it proves optimality (within the gap)
+    # the best bound is at least objective / (1 + gap) by its stopping rule, and exactly it with gap 0.
+    m = re.search(r"^Lower bound:\s*([-+0-9.eE]+)", text, re.M)
+    bound = float(m.group(1)) if m else None
+    detail = f"CBC status={pulp.LpStatus[status]} sol_status={sol}"
+    # PuLP reports status Optimal for a time-limited CBC run; only sol_status tells proven from merely feasible.
+    if sol == pulp.LpSolutionOptimal:
+        if bound is None and obj is not None:
+            gap = mip_gap or 0.0
+            bound = obj - gap * abs(obj)
+        return BackendResult("optimal", obj, bound, detail)
+    if sol == pulp.LpSolutionIntegerFeasible:
+        return BackendResult("feasible", obj, bound, detail)
+    if status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
+        return BackendResult("infeasible", None, None, detail)
+    if sol == pulp.LpSolutionNoSolutionFound and time_limit_s is not None:
+        return BackendResult("no_solution", None, bound, detail)
+    return BackendResult("error", obj, bound, detail)
+
+
+# ---- the solver --------------------------------------------------------------------------------------------
+def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, backend: str = "highs",
+         mip_gap: float = 0.01, threads: int | None = None, warm_start: bool = True,
+         tighten: bool = True) -> Proposal:
+    """Minimum-cost schedule of the stage family within `budget_bytes` (bytes), by the Checkmate MILP.
+
+    time_limit_s covers building and solving. mip_gap: relative gap at which the backend stops (OPTIMAL then
+    means optimal within that gap; lower_bound_cost is the backend's best bound, over the stage family).
+    Raises InfeasibleBudgetError (below the single-operation bound, or when the model is proven infeasible:
+    min_budget_bytes is then the smallest peak a baseline schedule reaches), NoSolutionInTimeError (limit
+    reached without any schedule), SolverError (a backend failure).
+    """
+    if backend not in BACKENDS:
+        raise SolverError(f"unknown MILP backend '{backend}'; known: {', '.join(BACKENDS)}")
+    t0 = time.perf_counter()
+    name = "milp" if backend == "highs" else f"milp_{backend}"
+    check_budget_floor(graph, budget_bytes, name)
+    found, baseline_min, baseline_name = baseline_schedules(graph, budget_bytes)
+    if found and found[0][1] == "checkpoint_all":  # no recomputation fits: nothing can cost less
+        sched = Schedule.from_sequence(graph, found[0][2])
+        return Proposal(sched, Status.OPTIMAL, graph.total_cost, {"backend": backend, "family": FAMILY,
+                                                                   "note": "checkpoint_all fits"})
+    model_budget = int(budget_bytes)
+    for attempt in range(3):
+        model = build_model(graph, model_budget, tighten=tighten)
+        start, start_name = None, None
+        if warm_start:
+            for cost, bname, seq in found:
+                start = start_values(model, seq)
+                if start is not None:
+                    start_name = bname
+                    break
+        left = None if time_limit_s is None else max(0.5, time_limit_s - (time.perf_counter() - t0))
+        if backend == "highs":
+            res = _run_highs(model, left, mip_gap, threads, start)
+        else:
+            res = _run_cbc(model, left, mip_gap, threads, start)
+        info = {"backend": backend, "family": FAMILY, "detail": res.detail, "warm_start": start_name,
+                "variables": len(model.prob.variables()), "constraints": len(model.prob.constraints),
+                "build_seconds": round(model.build_seconds, 3), "objective": res.objective}
+        if res.outcome == "infeasible":
+            raise InfeasibleBudgetError(
+                budget_bytes, baseline_min, name,
+                f"the MILP proved that no frontier-advancing stage schedule fits; baseline '{baseline_name}' "
+                f"meets {baseline_min} bytes" if baseline_min is not None else
+                "the MILP proved that no frontier-advancing stage schedule fits")
+        if res.outcome == "no_solution":
+            raise NoSolutionInTimeError(f"{name}: no schedule within {time_limit_s} s ({res.detail})")
+        if res.outcome == "error":
+            raise SolverError(f"{name}: backend failed ({res.detail})")
+        R, S, _ = model.values()
+        seq = sequence_from_stages(graph, R, S)
+        sched = Schedule.from_sequence(graph, seq)
+        sim = simulate(graph, sched)
+        if sim.peak_bytes > budget_bytes:
+            # Only a backend tolerance can cause this (the model's memory is an upper bound of the simulated
+            # one); solve again with the budget lowered by the overshoot.
+            model_budget -= sim.peak_bytes - budget_bytes
+            info["retried_for_tolerance"] = attempt + 1
+            continue
+        status = Status.OPTIMAL if res.outcome == "optimal" else Status.FEASIBLE
+        bound = res.bound
+        if model_budget != budget_bytes:
+            # the model solved was for a smaller budget: its optimum and bound say nothing about this one
+            status, bound = Status.FEASIBLE, None
+        if bound is not None:
+            # every schedule computes each node once; a bound above the found cost is tolerance noise
+            bound = min(max(bound, graph.total_cost), sim.total_cost)
+        info["model_cost"] = stage_cost(graph, R)
+        return Proposal(sched, status, bound, info)
+    raise SolverError(f"{name}: solutions kept exceeding the budget after tolerance retries")
+
+
+def milp_cbc(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, **options) -> Proposal:
+    """`milp` with the CBC backend."""
+    return milp(graph, budget_bytes, time_limit_s=time_limit_s, backend="cbc", **options)
+
+
+def lp_solution(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, tighten: bool = True,
+                aggregated_free: bool = False, threads: int | None = None) -> tuple[float, StageMILP]:
+    """Solve the LP relaxation; returns (optimal LP value, model with the fractional values).
+
+    Raises InfeasibleBudgetError when the relaxation is infeasible (then so is the MILP), NoSolutionInTimeError
+    when the LP is not solved within the limit.
+    """
+    check_budget_floor(graph, budget_bytes, "lp_bound")
+    model = build_model(graph, budget_bytes, relax=True, tighten=tighten, aggregated_free=aggregated_free)
+    res = _run_highs(model, time_limit_s, None, threads, None, relax=True)
+    if res.outcome == "infeasible":
+        raise InfeasibleBudgetError(budget_bytes, None, "lp_bound",
+                                    "the LP relaxation of the stage MILP is infeasible")
+    if res.outcome != "optimal" or res.objective is None:
+        raise NoSolutionInTimeError(f"lp_bound: LP not solved ({res.detail})")
+    return float(res.objective), model
+
+
+def lp_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, tighten: bool = True,
+             aggregated_free: bool = False, threads: int | None = None) -> float:
+    """Lower bound on the cost of any stage-family schedule within budget: the LP relaxation's value.
+
+    tighten / aggregated_free as in `build_model`; `tighten=False, aggregated_free=True` is Checkmate's own LP.
+    """
+    value, _ = lp_solution(graph, budget_bytes, time_limit_s=time_limit_s, tighten=tighten,
+                           aggregated_free=aggregated_free, threads=threads)
+    return value
