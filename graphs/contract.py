@@ -132,6 +132,21 @@ def contract(records: list[OpRecord], *, merge_chains: bool = True, alias_only_e
             (user,) = us
             union(user, root, anchor_from=user)
 
+    # 2b. secondary outputs of one multi-output op with the same readers and the same fate (e.g. a
+    # layer norm's mean and rstd, a backward op's weight and bias gradients) live and die together
+    sibling: dict[tuple, int] = {}
+    mem = members_by_root()
+    users = group_users()
+    for root, ms in mem.items():
+        if len(ms) != 1 or records[ms[0]].recomputable:
+            continue
+        r = records[ms[0]]
+        key = (r.inputs, frozenset(users.get(root, ())), r.retain, r.backward, r.random)
+        if key in sibling:
+            union(sibling[key], root)
+        else:
+            sibling[key] = root
+
     # 3. cheap chains, in fx order: a group folds into its only user
     if merge_chains:
         changed = True

@@ -205,6 +205,10 @@ class TraceResult:
         on `device_name`).
     aten_node_count: call_function nodes of the joint module; `graph.n` is the count after contraction.
     flops: FLOPs per fx node name (registry formulas, whatever the cost model).
+    fixed_views: names of fx nodes that are views of fixed memory only (a weight's `t`, a view of a
+        tangent or of another such view). They allocate nothing, cost nothing and their graph node
+        lists no inputs: an executor rebuilds them from the primals whenever a group needs one that
+        is not at hand (e.g. `t_7 = t(t_4)` where `t_4` sits in another group).
     trace_seconds: wall time of `trace`.
     """
 
@@ -223,6 +227,7 @@ class TraceResult:
     cost_unit: str
     aten_node_count: int
     flops: dict[str, int] = field(default_factory=dict)
+    fixed_views: set[str] = field(default_factory=set)
     device_name: str | None = None
     trace_seconds: float = 0.0
     model: torch.nn.Module | None = field(default=None, repr=False)
@@ -487,6 +492,7 @@ def _build_records(gm, flat_args, cost_model, device):
     depends_on_tangent: set[torch.fx.Node] = set()
     records: list[OpRecord] = []
     flops: dict[str, int] = {}
+    fixed_views: set[str] = set()
     main_output: dict[int, int] = {}  # multi-output op -> the output index that stays with it
     for n in ops:
         if n.target is operator.getitem and n.args[0] in index:
@@ -545,6 +551,11 @@ def _build_records(gm, flat_args, cost_model, device):
         else:
             cost = 0.0  # filled in from timings
         rec_inputs = {index[a] for a in ins if a in index}
+        if new_bytes == 0 and not shares and aliasing:
+            # a view of fixed memory only (a weight's transpose, a view of a tangent): free to
+            # rebuild from the parameters at any time, so it depends on no other op
+            fixed_views.add(n.name)
+            rec_inputs = set()
         if is_secondary:
             rec_inputs |= set(records[index[n.args[0]]].inputs)
         records.append(
@@ -563,7 +574,7 @@ def _build_records(gm, flat_args, cost_model, device):
             )
         )
     del interp, env
-    return records, flops
+    return records, flops, fixed_views
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,7 +636,7 @@ def trace(
     flat_args = [p.detach() for p in primals] + tangents
     fixed_bytes = storage_bytes(flat_args)
     with torch.random.fork_rng(devices=devices):
-        records, flops = _build_records(gm, flat_args, cost_model, device_name)
+        records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name)
         if cost_model == "time":
             times = _costs.time_nodes(gm, flat_args, warmup=1, repeats=time_repeats)
             for r in records:
@@ -667,6 +678,7 @@ def trace(
         cost_unit="FLOPs" if cost_model == "flops" else "seconds",
         aten_node_count=len(records),
         flops=flops,
+        fixed_views=fixed_views,
         device_name=device_name,
         trace_seconds=time.perf_counter() - t0,
         model=model,
