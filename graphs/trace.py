@@ -5,9 +5,12 @@ keeps the joint module and stops there), runs it once on real tensors to learn w
 storage and what every op allocates and costs, contracts it (`graphs.contract`) and returns a
 `TraceResult`: the project's graph plus everything the executor needs to run a schedule of it.
 
-Tracing runs on real values (fake tensors that carry real data, `fake_tensor_propagate_real_tensors`),
-so models that read a tensor's value in Python (`.item()`, `if torch.all(mask):`) trace: the graph is
-specialised to the sample input. The specialisation (input shapes, dtypes, and every scalar the forward
+A first eager forward (no grad, state restored) records every scalar the forward reads from a tensor.
+When there are any, the capture runs on real values (fake tensors that carry real data,
+`fake_tensor_propagate_real_tensors`), so models that read a tensor's value in Python (`.item()`,
+`if torch.all(mask):`) trace, the graph specialised to the sample input; otherwise the capture is
+purely symbolic on static shapes. Either way the joint graph then runs once on real tensors to learn
+storages and costs. The specialisation (input shapes, dtypes, and every scalar the forward
 read from a tensor, in order) is recorded in `TraceResult.specialisation`; `TraceResult.check_input`
 refuses an input that differs in shape or dtype or that would read different values.
 
@@ -209,7 +212,8 @@ class TraceResult:
         tangent or of another such view). They allocate nothing, cost nothing and their graph node
         lists no inputs: an executor rebuilds them from the primals whenever a group needs one that
         is not at hand (e.g. `t_7 = t(t_4)` where `t_4` sits in another group).
-    trace_seconds: wall time of `trace`.
+    trace_seconds: wall time of `trace`; phase_seconds splits it (scalar_reads, capture,
+        analysis_and_costs, contract_and_graph).
     """
 
     graph: Graph
@@ -230,6 +234,7 @@ class TraceResult:
     fixed_views: set[str] = field(default_factory=set)
     device_name: str | None = None
     trace_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     model: torch.nn.Module | None = field(default=None, repr=False)
 
     @property
@@ -318,6 +323,20 @@ class TraceResult:
 # ---------------------------------------------------------------------------------------------
 # Capture
 # ---------------------------------------------------------------------------------------------
+class _NeedsValues(Exception):
+    """The symbolic capture met a data-dependent read: capture again on real values."""
+
+
+def _is_data_dependent(e: BaseException) -> bool:
+    seen = 0
+    while e is not None and seen < 20:
+        if "DataDependent" in type(e).__name__ or "data-dependent" in str(e) or "data dependent" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
 class _Captured(Exception):
     """Raised by the partition function to stop AOTAutograd once the joint graph is in hand."""
 
@@ -342,8 +361,13 @@ def _quiet_symbolic_shapes():
         logger.setLevel(old)
 
 
-def _capture_joint(model, params, buffers, inputs):
-    """AOTAutograd joint capture on fake tensors that carry real data. Returns (gm, num_fwd_outputs, spec)."""
+def _capture_joint(model, params, buffers, inputs, real_values: bool):
+    """AOTAutograd joint capture. Returns (gm, num_fwd_outputs, output spec).
+
+    With `real_values` the fake tensors carry real data (every op also runs for real), so that a
+    forward that reads tensor values traces, specialised to them; without it the capture is
+    purely symbolic on static shapes (faster; enough when the forward reads no values).
+    """
     from torch._functorch.aot_autograd import aot_function
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -370,9 +394,9 @@ def _capture_joint(model, params, buffers, inputs):
     compiled = aot_function(flat_fn, fw_compiler=nop, bw_compiler=nop, partition_fn=capture)
     real = [*params.values(), *buffers.values(), *inputs]
     with torch._functorch.config.patch(
-        enable_autograd_cache=False, fake_tensor_propagate_real_tensors=True
+        enable_autograd_cache=False, fake_tensor_propagate_real_tensors=real_values
     ), _quiet_symbolic_shapes():
-        mode = FakeTensorMode(shape_env=ShapeEnv())
+        mode = FakeTensorMode(shape_env=ShapeEnv() if real_values else None)
         fake = [mode.from_tensor(t, static_shapes=True) for t in real]
         try:
             compiled(*fake)
@@ -381,6 +405,8 @@ def _capture_joint(model, params, buffers, inputs):
         except TraceError:
             raise
         except Exception as e:  # AOTAutograd's own errors: name the cause
+            if not real_values and _is_data_dependent(e):
+                raise _NeedsValues() from e
             raise TraceError(f"AOTAutograd could not capture the joint graph: {type(e).__name__}: {e}") from e
     if "gm" not in holder:
         raise TraceError(
@@ -473,11 +499,19 @@ def _tensor_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     return list(seen)
 
 
-def _build_records(gm, flat_args, cost_model, device):
-    """One OpRecord per call_function node, in fx order, from a real run of the joint graph."""
+def _build_records(gm, flat_args, cost_model, device, real_run):
+    """One OpRecord per call_function node, in fx order, from a (fake or real) run of the joint graph."""
     interp = _RecordingInterpreter(gm)
-    with torch.no_grad():
-        interp.run(*flat_args, enable_io_processing=False)
+    if real_run:
+        with torch.no_grad():
+            interp.run(*flat_args, enable_io_processing=False)
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+        fake_args = [mode.from_tensor(t, static_shapes=True) for t in flat_args]
+        with torch.no_grad(), mode:
+            interp.run(*fake_args, enable_io_processing=False)
     env = interp.env
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
     index = {n: i for i, n in enumerate(ops)}
@@ -589,6 +623,7 @@ def trace(
     contract: bool = True,
     merge_chains: bool = True,
     time_repeats: int = 3,
+    real_run: bool = False,
 ) -> TraceResult:
     """Trace one training step of `model` on `sample_input` into a `TraceResult`.
 
@@ -596,6 +631,8 @@ def trace(
     cost_model: "flops" (registry FLOPs), "time" (seconds per op measured here: 1 warm-up run, the
         median of `time_repeats` runs) or "roofline" (seconds on `device_name`, one of
         `graphs.costs.DEVICES`).
+    real_run: learn storages and FLOPs by running the joint graph on real tensors (default: on fake
+        tensors, which model storage sharing the same way and cost no compute).
     contract: group views and getitems with the op that owns their storage, fold free views of
         weights into their user, and (with `merge_chains`) fold chains of cheap ops. Without it the
         graph has one node per aten op and the readers of a view also read the view's base.
@@ -618,7 +655,18 @@ def trace(
     params = dict(model.named_parameters())  # tied parameters appear once, under their first name
     buffers = dict(model.named_buffers())
 
-    scalar_reads = _record_scalar_reads(model, inputs)
+    phases: dict[str, float] = {}
+    devices = sorted({t.device.index for t in inputs if t.is_cuda} - {None})
+    scalar_reads: tuple = ()
+    try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
+        with torch.random.fork_rng(devices=devices):
+            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, False)
+    except _NeedsValues:
+        scalar_reads = _record_scalar_reads(model, inputs)
+        phases["scalar_reads"] = time.perf_counter() - t0
+        with torch.random.fork_rng(devices=devices):
+            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, True)
+    phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
         input_shapes=tuple(tuple(t.shape) for t in inputs),
         input_dtypes=tuple(str(t.dtype) for t in inputs),
@@ -626,9 +674,6 @@ def trace(
         training=bool(model.training),
         scalar_reads=scalar_reads,
     )
-    devices = sorted({t.device.index for t in inputs if t.is_cuda} - {None})
-    with torch.random.fork_rng(devices=devices):
-        gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs)
     kinds, tangent_outputs = _describe_outputs(gm, len(params), len(buffers), list(buffers), out_spec.num_leaves)
 
     primals = [*params.values(), *buffers.values(), *inputs]
@@ -636,12 +681,13 @@ def trace(
     flat_args = [p.detach() for p in primals] + tangents
     fixed_bytes = storage_bytes(flat_args)
     with torch.random.fork_rng(devices=devices):
-        records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name)
+        records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name, real_run)
         if cost_model == "time":
             times = _costs.time_nodes(gm, flat_args, warmup=1, repeats=time_repeats)
             for r in records:
                 r.cost = times.get(r.name, 0.0)
 
+    phases["analysis_and_costs"] = time.perf_counter() - t0 - sum(phases.values())
     con = _contract(records, merge_chains=merge_chains, alias_only_edges=not contract)
     nodes = []
     node_map: dict[int, list[str]] = {}
@@ -662,6 +708,7 @@ def trace(
             )
         )
     graph = Graph(tuple(nodes), fixed_bytes=fixed_bytes, name=type(model).__name__)
+    phases["contract_and_graph"] = time.perf_counter() - t0 - sum(phases.values())
     return TraceResult(
         graph=graph,
         joint_module=gm,
@@ -681,5 +728,6 @@ def trace(
         fixed_views=fixed_views,
         device_name=device_name,
         trace_seconds=time.perf_counter() - t0,
+        phase_seconds=phases,
         model=model,
     )

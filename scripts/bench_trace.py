@@ -40,7 +40,8 @@ def main() -> None:
     g = tr.graph
     print(f"model: GPT {args.layers} layers, d_model {args.d_model}, {args.heads} heads, seq {args.seq}, "
           f"batch {args.batch}, vocab {args.vocab}; torch threads {args.threads}")
-    print(f"trace seconds (contract, merge_chains): {seconds:.1f}")
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in tr.phase_seconds.items())
+    print(f"trace seconds (contract, merge_chains): {seconds:.1f} ({phases})")
     print(f"trace seconds (contract, no chain merge): {seconds_plain:.1f}")
     print(f"aten nodes: {tr.aten_node_count}")
     print(f"contracted nodes: {g.n} ({100 * g.n / tr.aten_node_count:.1f}%); "

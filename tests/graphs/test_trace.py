@@ -150,3 +150,12 @@ def test_contraction_reduces_node_count_and_keeps_flops():
     assert small.graph.n < 0.5 * full.graph.n
     assert small.graph.total_cost == pytest.approx(full.graph.total_cost)
     assert small.aten_node_count == full.aten_node_count
+
+
+@pytest.mark.parametrize("name", ["cnn", "gpt"])
+def test_fake_analysis_equals_real_run(name):
+    model, x, tr = traced(name)
+    real = trace(model, x, real_run=True)
+    assert real.graph.nodes == tr.graph.nodes
+    assert real.graph.fixed_bytes == tr.graph.fixed_bytes
+    assert real.flops == tr.flops
