@@ -78,7 +78,7 @@ class _UnionFind:
         return i
 
 
-def contract(records: list[OpRecord], *, merge_chains: bool = True, alias_only_edges: bool = False) -> Contraction:
+def contract(records: list[OpRecord], *, merge_chains: bool = False, alias_only_edges: bool = False) -> Contraction:
     """Group `records` (see the module docstring) and order the groups topologically.
 
     Raises ValueError if the alias groups would form a cycle (an op that aliases one input while
