@@ -187,7 +187,14 @@ class TraceResult:
         scalar loss). Every node whose value is an output of the joint module (forward outputs,
         updated buffers, parameter gradients) has retain=True. `backward` comes from AOTAutograd's
         partitioner tag of the group's anchor op. Random ops (dropout...) make their node
-        recomputable=False: their RNG state is not replayed.
+        recomputable=False: their RNG state is not replayed. A node's bytes are the storages its ops
+        newly allocate; views, aliases and the first getitem of a multi-output op join the node of
+        the op owning their storage. Each further output of a multi-output op (a layer norm's
+        statistics, a dropout mask, a backward op's weight gradient) is a node of its own (the
+        getitem), listing the op's node and the op's inputs as inputs, recomputable=False: an
+        executor materialises it from the op's result when the op runs, keeping that result until
+        every such getitem node has run. Secondary outputs of one op with the same readers share one
+        node.
     joint_module: the fx GraphModule of the joint forward+backward aten graph, called as
         `joint_module(primals, tangents)` (two lists; pytree codegen) and returning a pair
         (forward outputs, gradients) of tuples; `run_joint` returns them as one flat list, the joint

@@ -163,6 +163,12 @@ def test_output_without_tensors_is_refused():
         trace(NoTensor(), torch.randn(2, 2))
 
 
+def test_nothing_to_differentiate_is_refused():
+    model = nn.Linear(4, 4).requires_grad_(False)
+    with pytest.raises(TraceError, match="no output of the model requires grad"):
+        trace(model, torch.randn(2, 4))
+
+
 def test_input_mutation_is_refused():
     class Mutates(nn.Module):
         def __init__(self):
