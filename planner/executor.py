@@ -1,0 +1,455 @@
+"""The executor: a schedule of a traced graph -> two fx modules -> an autograd function -> a drop-in module.
+
+`compile_schedule(traced, compute_sequence)` rewrites the joint fx graph of a `graphs.trace.TraceResult`
+in schedule order: each computation of a graph node copies the fx nodes it covers (`traced.node_map`),
+a node computed again is a recomputation (a second copy), and every later reader uses the newest copy.
+fx code frees each value right after its last use, so the order of the copies determines the frees,
+exactly as `Schedule.from_sequence` assumes.
+
+The sequence is split where the first value that depends on a tangent (an incoming gradient) is
+computed: what comes before is the forward module, what comes after is the backward module. Values
+of the forward module that the backward reads are handed over ("stashed") and freed by the backward
+at their last use (the backward takes its arguments boxed in a list that it clears, so nothing else
+keeps them alive). A forward output, an updated buffer and a random op (dropout) must be computed
+before the split, random ops in the order eager PyTorch draws them; `compile_schedule` checks this
+and raises ExecutorError otherwise.
+
+`PlannedModule` wraps the original model: parameters, buffers and state_dict are the model's own, the
+forward runs the planned step through `_PlannedStep` (a torch.autograd.Function), updated buffers are
+copied into the model's buffers in place (as eager BatchNorm does), and gradients land on the model's
+parameters. In eval mode or under torch.no_grad it simply runs the original model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_leaves
+
+from graphs.errors import RematError
+
+
+class ExecutorError(RematError):
+    """A schedule cannot run as a training step (the message says which value is at fault)."""
+
+
+class PlanMismatchError(RematError, ValueError):
+    """A plan is applied to a model or an input it was not made for."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxed calling convention: the backward clears its argument list so that stashed values die at
+# their last use instead of living until the function returns.
+# ---------------------------------------------------------------------------------------------
+class _BoxedCodeGen(torch.fx.graph.CodeGen):
+    def gen_fn_def(self, free_vars, maybe_return_annotation, *, expanded_def: bool = False):
+        names = [v.split(":")[0].split("=")[0].strip() for v in free_vars if v != "self"]
+        head = f"def {self._func_name}(self, boxed){maybe_return_annotation}:"
+        if not names:
+            return head + "\n    boxed.clear()"
+        return head + "\n    " + ", ".join(names) + ", = boxed\n    boxed.clear()"
+
+
+def _placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if n.op == "placeholder"]
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return list(tree_leaves(out.args[0], is_leaf=lambda x: x is None))
+
+
+def tangent_dependent(gm: torch.fx.GraphModule, num_primals: int) -> set[torch.fx.Node]:
+    """The fx nodes whose value depends on a tangent placeholder (the incoming gradients)."""
+    phs = _placeholders(gm.graph)
+    dep: set[torch.fx.Node] = set(phs[num_primals:])
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    return dep
+
+
+@dataclass
+class CompiledStep:
+    """The two halves of a planned training step.
+
+    forward_module(*primals) -> [*user output leaves, *buffer updates, *stash]
+    backward_module([*stash, *tangents]) (boxed, the list is cleared) -> [grad or None per primal]
+    """
+
+    forward_module: torch.fx.GraphModule
+    backward_module: torch.fx.GraphModule
+    num_outputs: int
+    buffer_updates: list[str]  # buffer name per buffer-update output, in order
+    num_stash: int
+    tangent_order: list[int]  # backward tangent inputs: the tangent placeholder index of each
+    tangent_specs: list[tuple]  # (shape, stride, dtype) of every traced tangent
+    tangent_outputs: list[int]  # output leaf index of every tangent
+    grad_of_primal: list[bool]  # per primal: the backward returns a gradient for it
+    split_position: int  # index in the compute sequence where the backward begins
+    num_primals: int
+
+
+def _random_draws(node: torch.fx.Node) -> bool:
+    """True if the op draws random numbers (an op with a zero `dropout_p` draws none)."""
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.nondeterministic_seeded not in tags:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        names = [a.name for a in schema.arguments]
+        if "dropout_p" in names:
+            k = names.index("dropout_p")
+            val = node.kwargs.get("dropout_p", node.args[k] if k < len(node.args) else schema.arguments[k].default_value)
+            if isinstance(val, (int, float)) and val == 0:
+                return False
+    return True
+
+
+def draws_random(traced, gid: int) -> bool:
+    """True if graph node `gid` of a trace contains an op that draws random numbers."""
+    by_name = _by_name(traced.joint_module)
+    return any(_random_draws(by_name[name]) for name in traced.node_map[gid])
+
+
+def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
+    cache = getattr(gm, "_planner_by_name", None)
+    if cache is None:
+        cache = {n.name: n for n in gm.graph.nodes}
+        gm._planner_by_name = cache
+    return cache
+
+
+def compile_schedule(traced, sequence: Sequence[int]) -> CompiledStep:
+    """Build the forward and backward fx modules that run `sequence` (graph node ids, recomputations
+    repeated) of `traced` (a TraceResult). Raises ExecutorError if the sequence cannot run as a
+    training step (see the module docstring)."""
+    gm = traced.joint_module
+    by_name = _by_name(gm)
+    phs = _placeholders(gm.graph)
+    n_primals = traced.num_primals
+    primal_phs, tangent_phs = phs[:n_primals], phs[n_primals:]
+    fx_index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    dep = tangent_dependent(gm, n_primals)
+    members = {gid: [by_name[name] for name in names] for gid, names in traced.node_map.items()}
+    seq = [int(v) for v in sequence]
+
+    split = next((p for p, v in enumerate(seq) if any(m in dep for m in members[v])), len(seq))
+    outs = _output_nodes(gm)
+    kinds = traced.output_kinds
+    _check_forward_part(traced, seq, split, members, outs, kinds, fx_index)
+
+    # ---- forward module -----------------------------------------------------------------------
+    fg = torch.fx.Graph()
+    env_f: dict[torch.fx.Node, torch.fx.Node] = {}
+    for ph in primal_phs:
+        env_f[ph] = fg.placeholder(ph.name)
+        env_f[ph].meta = dict(ph.meta)
+    random_groups = {gid for gid, ms in members.items() if any(_random_draws(m) for m in ms)}
+    recomputed_random = {gid for gid in random_groups if seq.count(gid) > 1}
+    done: set[int] = set()
+
+    def emit(graph: torch.fx.Graph, env: dict, v: int) -> None:
+        """Copy group v into `graph`; a random group's recomputation replays its first RNG state."""
+        device = _group_device(members[v])
+        if v in recomputed_random and v not in done:
+            env[_rng_key(v)] = graph.call_function(get_rng_state, (device,))
+        replay = v in random_groups and v in done
+        if replay:
+            current = graph.call_function(get_rng_state, (device,))
+            graph.call_function(set_rng_state, (device, _lookup(env, _rng_key(v), None)))
+        for m in members[v]:
+            env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph))
+        if replay:
+            graph.call_function(set_rng_state, (device, current))
+        done.add(v)
+
+    for v in seq[:split]:
+        emit(fg, env_f, v)
+
+    # ---- backward module: first find what it reads from outside -------------------------------
+    buffer_slots = {traced.num_primals - traced.num_user_inputs - len(traced.buffer_names) + k: name
+                    for k, name in enumerate(traced.buffer_names)}
+    updated = {name for kind, name in kinds if kind == "buffer_update"}
+    external: dict[torch.fx.Node, None] = {}
+    seen_b: set[torch.fx.Node] = set()
+    replayed_b: set[int] = set()
+    for v in seq[split:]:
+        if v in random_groups and v not in replayed_b:
+            replayed_b.add(v)
+            external.setdefault(_rng_key(v), None)
+        for m in members[v]:
+            for a in m.all_input_nodes:
+                if a in seen_b or a in tangent_phs:
+                    continue
+                root = free_view_root(a) if a.op == "call_function" else None
+                if root is not None and (root in tangent_phs or a not in env_f):
+                    if root not in tangent_phs:
+                        external.setdefault(root, None)
+                    continue
+                external.setdefault(a, None)
+            seen_b.add(m)
+    grad_nodes = [(k, o) for k, (o, kd) in enumerate(zip(outs, kinds)) if kd[0] == "grad"]
+    for _, o in grad_nodes:
+        if o is not None and o not in seen_b and o not in tangent_phs:
+            external.setdefault(o, None)
+    stash_src: list[torch.fx.Node] = []
+    for a in external:
+        if a not in env_f:
+            raise ExecutorError(f"the backward reads fx value '{_key_name(a)}', which the forward part never computes")
+        stash_src.append(a)
+
+    bg = torch.fx.Graph()
+    bg.set_codegen(_BoxedCodeGen())
+    env_b: dict[torch.fx.Node, torch.fx.Node] = {}
+    for a in stash_src:
+        env_b[a] = bg.placeholder(f"saved_{_key_name(a)}")
+        if isinstance(a, torch.fx.Node):
+            env_b[a].meta = dict(a.meta)
+    read_b = {a for v in seq[split:] for m in members[v] for a in m.all_input_nodes}
+    read_b |= {free_view_root(a) for a in list(read_b) if a.op == "call_function"}
+    used_tangents = [j for j, t in enumerate(tangent_phs) if t in read_b or any(o is t for _, o in grad_nodes)]
+    for j in used_tangents:
+        t = tangent_phs[j]
+        env_b[t] = bg.placeholder(t.name)
+        env_b[t].meta = dict(t.meta)
+    for v in seq[split:]:
+        emit(bg, env_b, v)
+    grads: list[Any] = [None] * n_primals
+    for k, o in grad_nodes:
+        idx = kinds[k][1]
+        grads[idx] = None if o is None else env_b[o]
+    bg.output(grads)
+
+    # ---- forward outputs: user leaves, buffer updates, stash (clones of buffers it will mutate) -
+    leaf_nodes: list[torch.fx.Node | None] = [None] * traced.output_spec.num_leaves
+    buf_out: list[torch.fx.Node] = []
+    buf_names: list[str] = []
+    for o, (kind, what) in zip(outs, kinds):
+        if kind == "output":
+            leaf_nodes[what] = _lookup(env_f, o, None)
+        elif kind == "buffer_update":
+            buf_out.append(env_f[o])
+            buf_names.append(what)
+    stash_out = []
+    for a in stash_src:
+        node = env_f[a]
+        if isinstance(a, torch.fx.Node) and a in primal_phs and buffer_slots.get(primal_phs.index(a)) in updated:
+            # the forward will overwrite this buffer in place; the backward needs the old value
+            node = fg.call_function(torch.ops.aten.clone.default, (node,))
+        stash_out.append(node)
+    fg.output([*leaf_nodes, *buf_out, *stash_out])
+
+    fmod = torch.fx.GraphModule(gm, fg, class_name="PlannedForward")
+    bmod = torch.fx.GraphModule(gm, bg, class_name="PlannedBackward")
+    specs = [(tuple(t.meta["val"].shape), tuple(t.meta["val"].stride()), t.meta["val"].dtype) for t in tangent_phs]
+    return CompiledStep(
+        forward_module=fmod,
+        backward_module=bmod,
+        num_outputs=len(leaf_nodes),
+        buffer_updates=buf_names,
+        num_stash=len(stash_out),
+        tangent_order=used_tangents,
+        tangent_specs=specs,
+        tangent_outputs=list(traced.tangent_outputs),
+        grad_of_primal=[g is not None for g in grads],
+        split_position=split,
+        num_primals=n_primals,
+    )
+
+
+def free_view_root(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The placeholder that `node` is a chain of view ops of (e.g. `t(view(tangents_1))`), else None.
+    Such values cost nothing and hold no memory of their own, so they can be made wherever needed."""
+    while node.op == "call_function":
+        if not getattr(node.target, "is_view", False) or len(node.all_input_nodes) != 1:
+            return None
+        node = node.all_input_nodes[0]
+    return node if node.op == "placeholder" else None
+
+
+def _rng_key(gid: int) -> str:
+    return f"rng_state_{gid}"
+
+
+def _key_name(key) -> str:
+    return key if isinstance(key, str) else key.name
+
+
+def _group_device(ms: list[torch.fx.Node]) -> str:
+    for m in ms:
+        for t in tree_leaves(m.meta.get("val")):
+            if isinstance(t, torch.Tensor):
+                return str(t.device)
+    return "cpu"
+
+
+def get_rng_state(device: str) -> torch.Tensor:
+    """The generator state of `device` (what a random op's recomputation must start from)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_rng_state(dev)
+    return torch.get_rng_state()
+
+
+def set_rng_state(device: str, state: torch.Tensor) -> None:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_rng_state(state, dev)
+    else:
+        torch.set_rng_state(state)
+
+
+def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: torch.fx.Graph | None = None):
+    try:
+        return env[a]
+    except KeyError:
+        pass
+    if graph is not None and a.op == "call_function" and free_view_root(a) is not None:
+        # a free view of an input that the trace grouped with a later node: make it here (a view costs nothing)
+        env[a] = graph.node_copy(a, lambda b: _lookup(env, b, a, graph))
+        return env[a]
+    who = f"'{reader.name}'" if reader is not None else "an output"
+    raise ExecutorError(f"{who} reads fx value '{a.name}' before the schedule computes it")
+
+
+def _check_forward_part(traced, seq, split, members, outs, kinds, fx_index) -> None:
+    """Forward outputs and random ops must run before the split; random ops in eager order."""
+    first: dict[int, int] = {}
+    for p, v in enumerate(seq):
+        first.setdefault(v, p)
+    group_of = {m: gid for gid, ms in members.items() for m in ms}
+    for o, (kind, what) in zip(outs, kinds):
+        if kind in ("output", "buffer_update") and o is not None and o in group_of:
+            gid = group_of[o]
+            if first.get(gid, len(seq)) >= split:
+                raise ExecutorError(
+                    f"the schedule computes {kind} '{o.name}' (graph node {gid}) after the backward has begun; "
+                    "a forward output must be computed in the forward part")
+    random_groups = [gid for gid, ms in members.items() if any(_random_draws(m) for m in ms)]
+    for gid in random_groups:
+        if gid not in first:
+            raise ExecutorError(f"random graph node {gid} is never computed")
+        if first[gid] >= split:
+            raise ExecutorError(f"random graph node {gid} runs after the backward has begun: eager draws it in the "
+                                "forward, so the random numbers would differ")
+    by_position = sorted(random_groups, key=lambda g: first[g])
+    by_eager = sorted(random_groups, key=lambda g: min(fx_index[m] for m in members[g] if _random_draws(m)))
+    if by_position != by_eager:
+        raise ExecutorError(f"the schedule runs the random ops in the order {by_position}, eager draws them in the "
+                            f"order {by_eager}: the random numbers would differ")
+
+
+# ---------------------------------------------------------------------------------------------
+# The autograd function and the drop-in module
+# ---------------------------------------------------------------------------------------------
+class _PlannedStep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runner: "StepRunner", *primals):
+        step = runner.step
+        res = step.forward_module(*primals)
+        n_out, n_buf = step.num_outputs, len(step.buffer_updates)
+        outputs = res[:n_out]
+        updates = res[n_out:n_out + n_buf]
+        ctx.stash = list(res[n_out + n_buf:])
+        del res
+        with torch.no_grad():
+            for name, new in zip(step.buffer_updates, updates):
+                runner.buffers[name].copy_(new)
+        del updates
+        ctx.runner = runner
+        nondiff = [o for o in outputs if isinstance(o, torch.Tensor) and not o.is_floating_point()
+                   and not o.is_complex()]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        runner: StepRunner = ctx.runner
+        step = runner.step
+        if ctx.stash is None:
+            raise RuntimeError("the planned step's backward ran twice: its saved values are gone "
+                               "(backward through a planned step once per forward)")
+        args = ctx.stash
+        ctx.stash = None
+        # Autograd holds the incoming gradients until this function returns; a gradient made here to
+        # the traced strides is held as long too, so the tangent lives the whole backward either way
+        # (the solver graph models it so).
+        held = []
+        for j in step.tangent_order:
+            shape, stride, dtype = step.tangent_specs[j]
+            g = grad_outputs[step.tangent_outputs[j]]
+            if g is None:
+                g = torch.zeros(shape, dtype=dtype, device=runner.device)
+            if tuple(g.stride()) != stride or g.dtype != dtype:
+                # the graph was traced for these strides (as AOTAutograd does, make them so)
+                t = torch.empty_strided(shape, stride, dtype=dtype, device=g.device)
+                t.copy_(g)
+                g = t
+            held.append(g)
+            args.append(g)
+        grads = step.backward_module(args)
+        del held
+        return (None, *grads)
+
+
+class StepRunner:
+    """Binds a CompiledStep to one model's buffers and device."""
+
+    def __init__(self, step: CompiledStep, buffers: dict[str, torch.Tensor], device: torch.device):
+        self.step = step
+        self.buffers = buffers
+        self.device = device
+
+
+class PlannedModule(torch.nn.Module):
+    """A drop-in replacement of `model` for training that runs a planned schedule.
+
+    `out = m(*inputs); loss(out).backward(); optimizer.step()` work as with the original model; the
+    parameters, buffers, gradients and state_dict are the original model's (under the `module.` prefix
+    for state_dict). Inputs must match the traced specialisation (shapes, dtypes, values read in Python)
+    or PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
+    """
+
+    def __init__(self, model: torch.nn.Module, plan, traced=None):
+        super().__init__()
+        self.module = model
+        self._plan = plan
+        self._traced = traced
+        self._runner: StepRunner | None = None
+
+    @property
+    def plan(self):
+        return self._plan
+
+    def _prepare(self, inputs: tuple) -> None:
+        if self._traced is None:
+            self._traced = self._plan._trace_for(self.module, inputs)
+        if self._runner is None:
+            step = compile_schedule(self._traced, self._plan.compute_sequence)
+            device = inputs[0].device if inputs else next(self.module.parameters()).device
+            self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
+
+    def forward(self, *inputs):
+        if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
+            return self.module(*inputs)
+        self._prepare(inputs)
+        tr = self._traced
+        try:
+            tr.check_input(*inputs)
+        except RematError as e:
+            raise PlanMismatchError(f"this plan does not fit the input: {e}") from e
+        params = dict(self.module.named_parameters())
+        buffers = dict(self.module.named_buffers())
+        for k, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor) and t.requires_grad and not self._runner.step.grad_of_primal[
+                    len(tr.param_names) + len(tr.buffer_names) + k]:
+                raise PlanMismatchError(f"input {k} requires grad, but the plan was traced with an input "
+                                        "that did not: re-plan with such an input")
+        self._runner.buffers = buffers
+        primals = [params[n] for n in tr.param_names] + [buffers[n] for n in tr.buffer_names] + list(inputs)
+        leaves = _PlannedStep.apply(self._runner, *primals)
+        return tr.output_spec.unflatten(list(leaves))

@@ -1,0 +1,149 @@
+"""Peak memory and step time of one training step, for the demo, the benchmarks and the tests.
+
+A step is `out = module(*inputs); loss = loss_fn(out); loss.backward()`, starting with no gradients.
+
+Peak memory (bytes) counts what the step holds at once: parameters, buffers, inputs, activations,
+gradients. On CPU it comes from a storage-tracking dispatch mode (`graphs.measure_memory`): the bytes
+of the parameters, buffers and inputs plus the peak of live storages created during the step
+(exact for tensors; kernel scratch space is invisible). On CUDA it is torch.cuda.max_memory_allocated
+during the step, less whatever else was allocated on the device beforehand that is not the model or
+the inputs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from graphs.measure_memory import StorageTracker, storage_bytes
+
+
+def default_loss(out) -> torch.Tensor:
+    """The sum of every floating-point tensor in the output (any nesting of tuples, lists, dicts)."""
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if hasattr(out, "values") and not leaves:  # dict-like objects pytree does not know
+        leaves = [t for t in out.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the output has no floating-point tensor to sum into a loss")
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total
+
+
+def _inputs(inputs) -> tuple:
+    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+
+def _zero_grad(module: torch.nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
+
+
+def run_step(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> torch.Tensor:
+    """One training step without the optimizer; returns the loss (detached).
+
+    The output stays referenced until the backward is done, as in a usual training loop
+    (`out = model(x); loss = crit(out, y); loss.backward()`).
+    """
+    out = module(*_inputs(inputs))
+    loss = (loss_fn or default_loss)(out)
+    loss.backward()
+    del out
+    return loss.detach()
+
+
+def resident_bytes(module: torch.nn.Module, inputs) -> int:
+    """Distinct storage bytes of the module's parameters and buffers and of the inputs."""
+    return storage_bytes([*module.parameters(), *module.buffers(), *_inputs(inputs)])
+
+
+def measure_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> int:
+    """Peak bytes held during one step (see the module docstring). Gradients are reset to None first."""
+    inputs = _inputs(inputs)
+    _zero_grad(module)
+    base = resident_bytes(module, inputs)
+    device = next((t.device for t in (*module.parameters(), *inputs) if isinstance(t, torch.Tensor)), None)
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run_step(module, inputs, loss_fn)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - (before - base)
+    else:
+        tracker = StorageTracker()
+        with tracker:
+            run_step(module, inputs, loss_fn)
+        peak = base + tracker.peak_bytes
+    _zero_grad(module)
+    return int(peak)
+
+
+@dataclass
+class StepTime:
+    median_s: float
+    samples_s: list[float]
+
+
+def measure_step_seconds(module: torch.nn.Module, inputs, loss_fn: Callable | None = None, *,
+                         repeats: int = 7, warmup: int = 2) -> StepTime:
+    """Median wall time of one step over `repeats` runs after `warmup` runs (CUDA synchronised)."""
+    inputs = _inputs(inputs)
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    samples = []
+    for k in range(warmup + repeats):
+        _zero_grad(module)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run_step(module, inputs, loss_fn)
+        if cuda:
+            torch.cuda.synchronize()
+        if k >= warmup:
+            samples.append(time.perf_counter() - t0)
+    _zero_grad(module)
+    return StepTime(statistics.median(samples), samples)
+
+
+def interleaved_step_seconds(modules: dict, inputs, loss_fn: Callable | None = None, *, repeats: int = 7,
+                             warmup: int = 2) -> dict[str, StepTime]:
+    """Median step time of several modules measured in turns (round robin), so that machine noise
+    affects them alike. `modules` maps a label to a module."""
+    inputs = _inputs(inputs)
+    samples: dict[str, list[float]] = {k: [] for k in modules}
+    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    for k in range(warmup + repeats):
+        for label, m in modules.items():
+            _zero_grad(m)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run_step(m, inputs, loss_fn)
+            if cuda:
+                torch.cuda.synchronize()
+            if k >= warmup:
+                samples[label].append(time.perf_counter() - t0)
+            _zero_grad(m)
+    return {k: StepTime(statistics.median(v), v) for k, v in samples.items()}
+
+
+def step_state(module: torch.nn.Module, inputs, loss_fn: Callable | None = None, seed: int = 0):
+    """Gradients and buffers after one step under `torch.manual_seed(seed)`: ({name: grad}, {name: buffer}, loss).
+
+    `module` may be a PlannedModule (its names then start with `module.`; they are stripped)."""
+    _zero_grad(module)
+    torch.manual_seed(seed)
+    loss = run_step(module, inputs, loss_fn)
+
+    def strip(name: str) -> str:
+        return name[len("module."):] if name.startswith("module.") and hasattr(module, "plan") else name
+
+    grads = {strip(n): (None if p.grad is None else p.grad.detach().clone()) for n, p in module.named_parameters()}
+    bufs = {strip(n): b.detach().clone() for n, b in module.named_buffers()}
+    _zero_grad(module)
+    return grads, bufs, loss
