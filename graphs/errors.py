@@ -47,6 +47,14 @@ class InfeasibleBudgetError(RematError):
         super().__init__(msg)
 
 
+class TraceError(RematError):
+    """A model cannot be traced into one joint graph; the message names the cause."""
+
+
+class SpecialisationError(TraceError):
+    """An input differs from the one a traced graph was specialised to (shape, dtype or a value read)."""
+
+
 class SolverError(RematError):
     """A solver failed for a reason other than an infeasible budget (e.g. no solution within its time limit)."""
 

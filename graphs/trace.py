@@ -35,19 +35,11 @@ from torch.utils._pytree import tree_leaves
 
 from graphs import costs as _costs
 from graphs.contract import OpRecord, contract as _contract
-from graphs.errors import RematError
+from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 from graphs.measure_memory import storage_bytes
 
 COST_MODELS = ("flops", "time", "roofline")
-
-
-class TraceError(RematError):
-    """The model cannot be traced into one joint graph; the message names the cause."""
-
-
-class SpecialisationError(TraceError):
-    """An input differs from the one the graph was specialised to (shape, dtype or a value read)."""
 
 
 # ---------------------------------------------------------------------------------------------
