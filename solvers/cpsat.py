@@ -51,6 +51,8 @@ class _Model:
     cost_units: list[int] = field(default_factory=list)
     cost_unit: float = 1.0  # true cost per objective unit (a lower bound on it when `cost_exact` is false)
     cost_exact: bool = True
+    capacity: object = None  # the capacity variable of the feasibility phase
+    capacity_hi: int = 0
 
 
 def _cost_scaling(graph: Graph, limits: list[int]) -> tuple[list[int], float, bool]:
@@ -78,8 +80,13 @@ def _last_useful_stage(graph: Graph, u: int) -> int:
     return max(graph.users[u], default=u)
 
 
-def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2) -> _Model:
-    """The CP-SAT model of the family under `budget_bytes` (see the module docstring)."""
+def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
+                peak_objective_upto: int | None = None) -> _Model:
+    """The CP-SAT model of the family under `budget_bytes` (see the module docstring).
+
+    peak_objective_upto: build the feasibility phase instead: the capacity is a variable between the budget and
+    this many bytes, and the objective is that capacity (so reaching the budget ends the phase at once).
+    """
     from ortools.sat.python import cp_model
 
     n = graph.n
@@ -167,9 +174,16 @@ def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2) -> _
                     m.Add(sum(z for _, z in lits) == present[v][j])
                 mdl.serve[(u, v, j)] = lits
     cap = int(budget_bytes) - int(graph.fixed_bytes)
-    m.AddCumulative(intervals, demands, cap // g_bytes)
     units, unit, exact = _cost_scaling(graph, limits)
     mdl.cost_units, mdl.cost_unit, mdl.cost_exact = units, unit, exact
+    if peak_objective_upto is not None:
+        hi = -(-(int(peak_objective_upto) - int(graph.fixed_bytes)) // g_bytes)
+        capv = m.NewIntVar(cap // g_bytes, max(cap // g_bytes, hi), "capacity")
+        m.AddCumulative(intervals, demands, capv)
+        m.Minimize(capv)
+        mdl.capacity, mdl.capacity_hi = capv, max(cap // g_bytes, hi)
+        return mdl
+    m.AddCumulative(intervals, demands, cap // g_bytes)
     m.Minimize(sum(units[u] * present[u][j] for u in range(n) for j in range(1, limits[u]) if units[u]))
     return mdl
 
@@ -196,6 +210,8 @@ def _add_hint(mdl: _Model, graph: Graph, form: FamilyForm) -> bool:
             if not isinstance(mdl.end[u][j], int):
                 m.AddHint(mdl.end[u][j], e)
                 m.AddHint(mdl.size[u][j], max(1, e - t))
+    if mdl.capacity is not None:
+        m.AddHint(mdl.capacity, mdl.capacity_hi)
     for (u, v, j), lits in mdl.serve.items():
         if j < len(form.stages[v]):
             tv = event_time(n, form.stages[v][j], v)
@@ -231,21 +247,39 @@ def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int) -> tu
 
 
 def default_parameters(workers: int) -> dict:
-    """CP-SAT parameters tuned on the benchmark graphs (see the report in the module's tests)."""
-    return {
-        "num_workers": int(workers),
-        "symmetry_level": 0,
-    }
+    """CP-SAT parameters used unless overridden (measured on the benchmark graphs, see cpsat_measure)."""
+    return {"num_workers": int(workers), "symmetry_level": 0}
+
+
+def _solve(mdl: _Model, params: dict, seconds: float | None, log: bool):
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    for k, v in params.items():
+        setattr(solver.parameters, k, v)
+    if seconds is not None:
+        solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.log_search_progress = bool(log)
+    code = solver.Solve(mdl.model)
+    return solver, code
+
+
+def _stages_of(mdl: _Model, solver) -> list[list[int]]:
+    return [[u] + [int(solver.Value(mdl.stage[u][j])) for j in range(1, len(mdl.present[u]))
+                   if solver.BooleanValue(mdl.present[u][j])] for u in range(mdl.n)]
 
 
 def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, workers: int = 2,
           max_computations: int = 2, hint: bool = True, hint_sequence=None, rel_gap: float = 0.0,
-          parameters: dict | None = None, log: bool = False) -> Proposal:
+          feasibility_share: float = 0.5, parameters: dict | None = None, log: bool = False) -> Proposal:
     """Minimum-cost schedule of the family under `budget_bytes` (bytes), by CP-SAT.
 
     max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
-    baseline in the family; hint_sequence: a compute sequence to try as the hint first. rel_gap: CP-SAT's
-    relative gap limit (0: prove the exact optimum). parameters: extra SatParameters fields.
+    baseline in the family; hint_sequence: a compute sequence to try as the hint first (used when it is in the
+    family and fits). When no hint fits, a feasibility phase first minimises the peak (capacity as a variable,
+    floored at the budget) from the no-recomputation schedule, for at most `feasibility_share` of the time left;
+    its first schedule within budget warm-starts the cost phase. rel_gap: CP-SAT's relative gap limit (0: prove
+    the exact optimum). parameters: extra SatParameters fields.
     Raises InfeasibleBudgetError (below the single-operation bound, or CP-SAT proved that no member of the family
     fits) and NoSolutionInTimeError (no schedule within the time limit).
     """
@@ -256,38 +290,65 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if max_computations < 1:
         raise ValueError("max_computations must be >= 1")
     budget_bytes = int(budget_bytes)
-    # hint: a given sequence first, then the baselines
-    hint_seq, hint_name, min_known = None, None, None
-    if hint_sequence is not None and family_form(graph, list(hint_sequence), max_computations) is not None:
-        sim = simulate(graph, Schedule.from_sequence(graph, list(hint_sequence)))
-        if sim.peak_bytes <= budget_bytes:
-            hint_seq, hint_name, min_known = list(hint_sequence), "given", sim.peak_bytes
-    if hint and hint_seq is None:
-        hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, max_computations)
-    t_build = time.perf_counter()
-    mdl = build_model(graph, budget_bytes, max_computations)
-    info: dict = {"family": f"stages in reference order, at most {max_computations} computations per node",
-                  "max_computations": max_computations, "build_seconds": time.perf_counter() - t_build,
-                  "cost_scaling": "exact" if mdl.cost_exact else "floored (bound stays valid)",
-                  "bound_scope": "lower bound over the solver's family only"}
-    hinted = False
-    if hint_seq is not None:
-        hinted = _add_hint(mdl, graph, family_form(graph, hint_seq, max_computations))
-    info["hint"] = hint_name if hinted else None
-    solver = cp_model.CpSolver()
+    C = int(max_computations)
+
+    def left() -> float | None:
+        if time_limit_s is None:
+            return None
+        return time_limit_s * 0.97 - (time.perf_counter() - t_start)
+
     params = default_parameters(workers)
     params.update(parameters or {})
-    if time_limit_s is not None:
-        left = time_limit_s - (time.perf_counter() - t_start) - 0.05 * time_limit_s
-        params["max_time_in_seconds"] = max(0.01, left)
-    params["relative_gap_limit"] = float(rel_gap)
-    params["log_search_progress"] = bool(log)
-    for k, v in params.items():
-        setattr(solver.parameters, k, v)
-    code = solver.Solve(mdl.model)
-    info.update(cpsat_status=solver.StatusName(code), wall_seconds=solver.WallTime(),
+    info: dict = {"family": f"stages in reference order, ascending ids within a stage, at most {C} computations "
+                            "per node", "max_computations": C,
+                  "bound_scope": "lower bound over the solver's family only"}
+    # hint: a given sequence first, then the baselines
+    hint_seq, hint_name, min_known = None, None, None
+    if hint_sequence is not None and family_form(graph, list(hint_sequence), C) is not None:
+        peak = simulate(graph, Schedule.from_sequence(graph, list(hint_sequence))).peak_bytes
+        if peak <= budget_bytes:
+            hint_seq, hint_name, min_known = list(hint_sequence), "given", peak
+    if hint and hint_seq is None:
+        hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, C)
+    if hint_seq is None:
+        # feasibility phase: lower the peak from the no-recomputation schedule until it meets the budget
+        ref = list(range(graph.n))
+        ref_peak = simulate(graph, Schedule.from_sequence(graph, ref)).peak_bytes
+        fmdl = build_model(graph, budget_bytes, C, peak_objective_upto=ref_peak)
+        _add_hint(fmdl, graph, family_form(graph, ref, C))
+        share = None if left() is None else left() * feasibility_share
+        fsolver, fcode = _solve(fmdl, params, share, log)
+        info["feasibility_phase"] = {"status": fsolver.StatusName(fcode), "seconds": fsolver.WallTime()}
+        if fcode in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            stages = _stages_of(fmdl, fsolver)
+            seq = sequence_from_stages(graph, stages)
+            peak = simulate(graph, Schedule.from_sequence(graph, seq)).peak_bytes
+            info["feasibility_phase"]["peak_bytes"] = peak
+            if peak <= budget_bytes:
+                hint_seq, hint_name = seq, "feasibility phase"
+            elif fcode == cp_model.OPTIMAL:
+                raise InfeasibleBudgetError(budget_bytes, peak, SOLVER_NAME,
+                                            "CP-SAT proved no schedule of its family fits; the budget named is the "
+                                            "family's proven minimum peak")
+            else:
+                raise NoSolutionInTimeError(
+                    f"CP-SAT found no schedule within {time_limit_s} s for {graph.name} at {budget_bytes} bytes "
+                    f"(its lowest peak was {peak} bytes)")
+        elif fcode == cp_model.INFEASIBLE:  # cannot happen: the no-recomputation schedule is a member
+            raise SolverError("CP-SAT found the feasibility phase infeasible: a model bug")
+        else:
+            raise NoSolutionInTimeError(f"CP-SAT found no schedule within {time_limit_s} s "
+                                        f"(feasibility phase {fsolver.StatusName(fcode)}) for {graph.name} at "
+                                        f"{budget_bytes} bytes")
+    t_build = time.perf_counter()
+    mdl = build_model(graph, budget_bytes, C)
+    info["build_seconds"] = time.perf_counter() - t_build
+    info["cost_scaling"] = "exact" if mdl.cost_exact else "floored (the bound stays valid)"
+    info["hint"] = hint_name if hint_seq is not None and _add_hint(mdl, graph, family_form(graph, hint_seq, C)) \
+        else None
+    solver, code = _solve(mdl, dict(params, relative_gap_limit=float(rel_gap)), left(), log)
+    info.update(cpsat_status=solver.StatusName(code), cpsat_seconds=solver.WallTime(),
                 num_conflicts=solver.NumConflicts())
-    base = graph.total_cost
     if code == cp_model.INFEASIBLE:
         raise InfeasibleBudgetError(budget_bytes, min_known, SOLVER_NAME,
                                     "CP-SAT proved no schedule of its family fits; the budget named is the lowest "
@@ -296,25 +357,25 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if code == cp_model.MODEL_INVALID:
         raise SolverError(f"CP-SAT rejected the model: {mdl.model.Validate()}")
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if hint_seq is not None:  # the hint is a member within budget: return it, saying where it came from
+            sched = Schedule.from_sequence(graph, hint_seq)
+            info["returned"] = "the hint (CP-SAT returned no schedule in time)"
+            return Proposal(sched, Status.HEURISTIC if hint_name != "feasibility phase" else Status.FEASIBLE,
+                            lower_bound_cost=None, info=info)
         raise NoSolutionInTimeError(f"CP-SAT found no schedule within {time_limit_s} s "
                                     f"(status {solver.StatusName(code)}) for {graph.name} at {budget_bytes} bytes")
-    n = graph.n
-    stages = [[u] + [int(solver.Value(mdl.stage[u][j])) for j in range(1, len(mdl.present[u]))
-                     if solver.BooleanValue(mdl.present[u][j])] for u in range(n)]
-    seq = sequence_from_stages(graph, stages)
+    seq = sequence_from_stages(graph, _stages_of(mdl, solver))
     sched = Schedule.from_sequence(graph, seq)
     sim = simulate(graph, sched)
     if sim.peak_bytes > budget_bytes:
         raise SolverError(f"CP-SAT's schedule peaks at {sim.peak_bytes} bytes, over {budget_bytes}: a model bug")
     bound_units = math.ceil(solver.BestObjectiveBound() - 1e-6)
-    lower = base + max(0, bound_units) * mdl.cost_unit
+    lower = graph.total_cost + max(0, bound_units) * mdl.cost_unit
     gap = (sim.total_cost - lower) / sim.total_cost if sim.total_cost > 0 else 0.0
     info.update(gap=gap, objective_units=solver.ObjectiveValue(), bound_units=solver.BestObjectiveBound(),
-                recomputations=len(seq) - n)
-    if code == cp_model.OPTIMAL and (mdl.cost_exact or gap <= 1e-6) and rel_gap == 0.0:
+                recomputations=len(seq) - graph.n)
+    if code == cp_model.OPTIMAL and gap <= max(rel_gap, 1e-9 if mdl.cost_exact else 1e-6):
         status = Status.OPTIMAL
-    elif code == cp_model.OPTIMAL:
-        status = Status.OPTIMAL if gap <= max(rel_gap, 1e-6) else Status.FEASIBLE
     else:
         status = Status.FEASIBLE
     return Proposal(sched, status, lower_bound_cost=lower, info=info)
