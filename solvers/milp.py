@@ -119,8 +119,8 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     for t in range(n):
         for i in range(t):
             if recomputable[i]:
-                model.R[t, i] = pulp.LpVariable(f"R_{t}_{i}", 0, 1, cat)
-            model.S[t, i] = pulp.LpVariable(f"S_{t}_{i}", 0, 1, cat)
+                model.R[t, i] = prob.add_variable(f"R_{t}_{i}", 0, 1, cat)
+            model.S[t, i] = prob.add_variable(f"S_{t}_{i}", 0, 1, cat)
     r, s = model.r, model.s
     LE, EQ = pulp.LpConstraintLE, pulp.LpConstraintEQ
     # A value kept into stage t+1 was kept into stage t or computed in stage t.
@@ -161,7 +161,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
                 if any(isinstance(h, int) and h == 1 for h in hazards):
                     continue  # node t reads i later in the stage: never freed here
                 hazards = [h for h in hazards if not isinstance(h, int)]
-                f = pulp.LpVariable(f"F_{t}_{i}_{k}", 0, 1, cat)
+                f = prob.add_variable(f"F_{t}_{i}_{k}", 0, 1, cat)
                 model.FREE[t, i, k] = f
                 if aggregated_free:
                     # (1 - FREE) * (number of hazards) >= (1 - R[t,k]) + S[t+1,i] + sum R[t,j]
@@ -178,7 +178,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     for t in range(n):
         prev = None
         for k in range(t + 1):
-            u = pulp.LpVariable(f"U_{t}_{k}", None, None, pulp.LpContinuous)
+            u = prob.add_variable(f"U_{t}_{k}", None, None, pulp.LpContinuous)
             model.U[t, k] = u
             terms = [(u, 1), (r(t, k), -m[k] / unit)]
             if k == 0:
@@ -278,7 +278,7 @@ class _HighsWithStart(pulp.HiGHS):
 
 @dataclass
 class BackendResult:
-    outcome: str  # "optimal" | "feasible" | "infeasible" | "no_solution" | "error"
+    outcome: str  # "optimal" | "feasible" | "infeasible" | "no_solution" | "error" | "crashed"
     objective: float | None
     bound: float | None
     detail: str
@@ -318,9 +318,6 @@ def _run_highs(model: StageMILP, time_limit_s, mip_gap, threads, start, relax=Fa
     return BackendResult("error", obj, bound, detail)
 
 
-_CBC_BOUND = re.compile(r"^(?:Lower bound|Objective value):\s*([-+0-9.eE]+)", re.M)
-
-
 def _run_cbc(model: StageMILP, time_limit_s, mip_gap, threads, start) -> BackendResult:
     if start:
         for v in model.prob.variables():
@@ -331,7 +328,12 @@ def _run_cbc(model: StageMILP, time_limit_s, mip_gap, threads, start) -> Backend
     try:
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=None if time_limit_s is None else max(1, int(time_limit_s)),
                                    gapRel=mip_gap, threads=threads, warmStart=bool(start), logPath=log)
-        model.prob.solve(solver)
+        try:
+            model.prob.solve(solver)
+        except pulp.PulpSolverError as e:
+            # CBC 2.10.3 (PuLP's bundled binary) can crash when its time limit expires right after reading a
+            # MIP start; the caller falls back on the start itself.
+            return BackendResult("crashed", None, None, f"CBC failed: {e}")
         text = open(log).read()
     finally:
         os.unlink(log)
@@ -340,7 +342,8 @@ def _run_cbc(model: StageMILP, time_limit_s, mip_gap, threads, start) -> Backend
     # CBC's summary prints "Lower bound:" when it stops early; when it proves optimality (within the gap)
     # the best bound is at least objective / (1 + gap) by its stopping rule, and exactly it with gap 0.
     m = re.search(r"^Lower bound:\s*([-+0-9.eE]+)", text, re.M)
-    bound = float(m.group(1)) if m else None
+    # CBC's log leaves out the objective constant (the cost of the first computations)
+    bound = float(m.group(1)) + float(model.prob.objective.constant) if m else None
     detail = f"CBC status={pulp.LpStatus[status]} sol_status={sol}"
     # PuLP reports status Optimal for a time-limited CBC run; only sol_status tells proven from merely feasible.
     if sol == pulp.LpSolutionOptimal:
@@ -355,6 +358,16 @@ def _run_cbc(model: StageMILP, time_limit_s, mip_gap, threads, start) -> Backend
     if sol == pulp.LpSolutionNoSolutionFound and time_limit_s is not None:
         return BackendResult("no_solution", None, bound, detail)
     return BackendResult("error", obj, bound, detail)
+
+
+def run_backend(model: StageMILP, backend: str, time_limit_s: float | None, mip_gap: float | None,
+                threads: int | None, start: dict[str, float] | None) -> BackendResult:
+    """Solve a built model with "highs" or "cbc"; the variables then hold the solution (if any)."""
+    if backend == "highs":
+        return _run_highs(model, time_limit_s, mip_gap, threads, start)
+    if backend == "cbc":
+        return _run_cbc(model, time_limit_s, mip_gap, threads, start)
+    raise SolverError(f"unknown MILP backend '{backend}'; known: {', '.join(BACKENDS)}")
 
 
 # ---- the solver --------------------------------------------------------------------------------------------
@@ -390,12 +403,9 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
                     start_name = bname
                     break
         left = None if time_limit_s is None else max(0.5, time_limit_s - (time.perf_counter() - t0))
-        if backend == "highs":
-            res = _run_highs(model, left, mip_gap, threads, start)
-        else:
-            res = _run_cbc(model, left, mip_gap, threads, start)
+        res = run_backend(model, backend, left, mip_gap, threads, start)
         info = {"backend": backend, "family": FAMILY, "detail": res.detail, "warm_start": start_name,
-                "variables": len(model.prob.variables()), "constraints": len(model.prob.constraints),
+                "variables": len(model.prob.variables()), "constraints": model.prob.numConstraints(),
                 "build_seconds": round(model.build_seconds, 3), "objective": res.objective}
         if res.outcome == "infeasible":
             raise InfeasibleBudgetError(
@@ -405,7 +415,12 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
                 "the MILP proved that no frontier-advancing stage schedule fits")
         if res.outcome == "no_solution":
             raise NoSolutionInTimeError(f"{name}: no schedule within {time_limit_s} s ({res.detail})")
-        if res.outcome == "error":
+        if res.outcome == "crashed" and start is not None:
+            # the backend died at its limit: its incumbent is the MIP start, a valid schedule of the family
+            seq = next(q for _, b, q in found if b == start_name)
+            info["fallback"] = "warm start (backend crashed at its time limit)"
+            return Proposal(Schedule.from_sequence(graph, seq), Status.FEASIBLE, None, info)
+        if res.outcome in ("error", "crashed"):
             raise SolverError(f"{name}: backend failed ({res.detail})")
         R, S, _ = model.values()
         seq = sequence_from_stages(graph, R, S)
