@@ -73,11 +73,20 @@ def _cost_scaling(graph: Graph, limits: list[int]) -> tuple[list[int], float, bo
     return [int(math.floor(c / unit)) for c in costs], unit, False
 
 
-def _last_useful_stage(graph: Graph, u: int) -> int:
-    """A recomputation of u after its last user's stage serves nothing (unless u must be retained)."""
-    if graph.nodes[u].retain:
-        return graph.n - 1
-    return max(graph.users[u], default=u)
+def last_useful_stages(graph: Graph) -> list[int]:
+    """For each node u, the last stage where a computation of u can serve anything.
+
+    A computation of u serves computations of its users, which happen no later than their own last useful
+    stages; a retained node's last computation serves the end of the schedule (stage n-1).
+    """
+    n = graph.n
+    last = list(range(n))
+    for u in reversed(range(n)):
+        if graph.nodes[u].retain:
+            last[u] = n - 1
+        for w in graph.users[u]:
+            last[u] = max(last[u], last[w])
+    return last
 
 
 def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
@@ -93,18 +102,17 @@ def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
     H = n * n  # event times are 0..n*n-1; an interval ending at H lives to the end
     m = cp_model.CpModel()
     limits = computation_limits(graph, max_computations)
+    last_stage = last_useful_stages(graph)
     for u in range(n):
-        if not graph.users[u] and not graph.nodes[u].retain:
+        if last_stage[u] <= u:
             limits[u] = 1  # a recomputation would serve nothing
-        if _last_useful_stage(graph, u) <= u:
-            limits[u] = 1
     present, stage, end, size, intervals, demands = [], [], [], [], [], []
     sizes = [int(b) for b in graph.sizes]
     g_bytes = reduce(math.gcd, [b for b in sizes if b > 0], 0) or 1
     for u in range(n):
         pu, ku, eu, zu = [None], [u], [], []
         t0 = event_time(n, u, u)
-        last = _last_useful_stage(graph, u)
+        last = last_stage[u]
         no_use = not graph.users[u]
         retain = graph.nodes[u].retain
         for j in range(limits[u]):
@@ -153,7 +161,7 @@ def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
         for j in range(limits[v]):
             tv = event_time(n, v, v) if j == 0 else stage[v][j] * n + v
             for u in graph.inputs[v]:
-                cands = [0] + [i for i in range(1, limits[u]) if u + 1 <= (v if j == 0 else _last_useful_stage(graph, v))]
+                cands = [0] + [i for i in range(1, limits[u]) if u + 1 <= (v if j == 0 else last_stage[v])]
                 if len(cands) == 1:
                     if j == 0:
                         m.Add(end[u][0] >= tv + 1)

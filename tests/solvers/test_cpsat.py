@@ -30,9 +30,7 @@ def _with_extras(g: Graph, fixed_bytes: int, retain: set[int] = frozenset(), fix
 
 def _budgets(g: Graph, front) -> list[int]:
     lo, hi = g.single_op_bound_bytes(), reference_peak_bytes(g)
-    peaks = sorted({p for p, _ in front if lo <= p <= hi})
-    picks = {lo, hi, *peaks[:: max(1, len(peaks) // 3)]}
-    return sorted(picks)
+    return sorted({lo - 1, lo, hi, *(p for p, _ in front if lo <= p <= hi)})
 
 
 def _cpsat_cost(g: Graph, budget: int, **kw) -> float | None:
@@ -46,14 +44,25 @@ def _cpsat_cost(g: Graph, budget: int, **kw) -> float | None:
     return r.total_cost
 
 
-CASES = [  # (graph, max_computations)
-    (random_dag(6, 1, edge_prob=0.5), 2),
-    (random_dag(7, 2, edge_prob=0.4), 2),
-    (_with_extras(random_dag(7, 3, edge_prob=0.6), fixed_bytes=7, retain={2}), 2),
-    (_with_extras(random_dag(6, 4, edge_prob=0.5), fixed_bytes=3, fixed_node=1), 2),
-    (random_training_graph(3, 5), 2),
-    (random_dag(5, 6, edge_prob=0.7), 3),
-    (_with_extras(linear_training_graph(2), fixed_bytes=0, retain={4}), 3),
+def _linear(seed: int) -> Graph:
+    import random
+
+    r = random.Random(seed)
+    return linear_training_graph(3, costs=[r.randint(1, 5) for _ in range(7)], sizes=[r.randint(1, 5) for _ in range(7)],
+                                 name=f"linear3_{seed}")
+
+
+# (graph, max_computations): seeds picked so that several budgets force different recomputations
+CASES = [
+    (random_dag(7, 6, edge_prob=0.6, max_fan_in=2), 2),
+    (_with_extras(random_dag(7, 8, edge_prob=0.6, max_fan_in=2), fixed_bytes=5, retain={4}), 2),
+    (_with_extras(random_dag(7, 9, edge_prob=0.6, max_fan_in=2), fixed_bytes=0, fixed_node=2), 2),
+    (random_training_graph(3, 10), 2),
+    (_linear(0), 2),
+    (_linear(9), 2),
+    (_with_extras(_linear(11), fixed_bytes=2, retain={5}), 2),
+    (_with_extras(random_dag(6, 9, edge_prob=0.6, max_fan_in=2), fixed_bytes=1, retain={3}), 3),
+    (random_dag(6, 6, edge_prob=0.6, max_fan_in=2), 3),
 ]
 
 
@@ -67,7 +76,7 @@ def test_optimum_equals_exhaustive_search_over_the_family(g, C):
 
 
 def test_feasibility_phase_finds_the_same_optimum_without_a_hint():
-    g = _with_extras(random_dag(7, 8, edge_prob=0.5), fixed_bytes=4, retain={3})
+    g = _with_extras(_linear(0), fixed_bytes=4, retain={3})
     front = frontier(g, 2)
     for b in _budgets(g, front):
         assert _cpsat_cost(g, b, hint=False) == optimum(front, b)
