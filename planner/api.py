@@ -31,6 +31,8 @@ from solvers.base import solve, solver_names
 GB = 10**9
 EXTRA_KEY = "planner"
 COST_MODELS = ("auto", "flops", "time", "roofline")
+# A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
+LOSS_RESERVE_BYTES = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +121,8 @@ def solver_graph(traced) -> Graph:
     - Each tangent (incoming gradient of an output) is a node of its own instead of fixed memory: it
       exists from the start of the backward, which is when autograd hands it over, to the end. It has
       no inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n + j`.
+    - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
+      outside the model during the step.
     Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
     """
     from torch.utils._pytree import tree_leaves
@@ -163,7 +167,8 @@ def solver_graph(traced) -> Graph:
                      "backward": True, "retain": True, "recomputable": False})
         first = min(readers[j])
         order.insert(order.index(first), g.n + j)
-    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes, name=g.name, order=order)
+    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + LOSS_RESERVE_BYTES,
+                                name=g.name, order=order)
 
 
 def _strided_bytes(val) -> int:

@@ -1,4 +1,8 @@
-"""Command line: `python -m planner solve GRAPH.json (--budget-multiplier M | --budget-bytes B) --solver NAME ...`.
+"""Command line.
+
+`python -m planner solve GRAPH.json (--budget-multiplier M | --budget-bytes B) --solver NAME ...`
+`python -m planner plan MODULE:FACTORY --budget 1.5GB [--solver auto] [--cost-model auto] --out plan.json`
+`python -m planner show plan.json`
 
 Exit status: 0 on success, 2 for an infeasible budget or bad input, 3 when no schedule was found in time.
 """
@@ -27,7 +31,75 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--solver", default=None, help=f"one of: {', '.join(solver_names())} (required with a budget)")
     s.add_argument("--time-limit", type=float, default=None, help="seconds for the solver (exact solvers)")
     s.add_argument("--out", help="write the schedule as remat-schedule JSON here")
+    pl = sub.add_parser("plan", help="trace a model and plan its training step under a memory budget")
+    pl.add_argument("factory", help="MODULE:FACTORY, a function returning (model, sample_input)")
+    pl.add_argument("--budget", required=True, type=parse_budget,
+                    help="memory budget: 1.5GB, 800MB, 123456B, or a number of GB (1 GB = 10^9 bytes)")
+    pl.add_argument("--solver", default="auto", help=f"one of: {', '.join(solver_names())}")
+    pl.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time", "roofline"])
+    pl.add_argument("--device", default=None, help="device name for --cost-model roofline (h100, a100, ...)")
+    pl.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver")
+    pl.add_argument("--out", required=True, help="write the plan here (remat-schedule JSON)")
+    sh = sub.add_parser("show", help="summarise a plan file: peak, overhead, status, what is recomputed")
+    sh.add_argument("plan", help="a plan written by `plan` (remat-schedule JSON)")
     return p
+
+
+_UNITS = {"gb": 10**9, "mb": 10**6, "kb": 10**3, "b": 1}
+
+
+def parse_budget(text: str) -> int:
+    """'1.5GB' -> 1_500_000_000 bytes (decimal units; a bare number is gigabytes)."""
+    from decimal import Decimal, InvalidOperation
+
+    t = text.strip().lower().replace(" ", "")
+    unit = next((u for u in ("gb", "mb", "kb", "b") if t.endswith(u)), None)
+    num = t[: -len(unit)] if unit else t
+    try:
+        value = Decimal(num) * _UNITS[unit or "gb"]
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"cannot read budget {text!r}: use e.g. 1.5GB, 800MB or 123456B") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"budget must be > 0, got {text!r}")
+    return int(value)
+
+
+def load_factory(spec: str):
+    """Import MODULE:FACTORY and call it; it must return (model, sample_input)."""
+    import importlib
+
+    if ":" not in spec:
+        raise SystemExit(f"expected MODULE:FACTORY, got {spec!r}")
+    mod_name, fn_name = spec.split(":", 1)
+    sys.path.insert(0, ".")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"cannot load {spec}: {e}") from None
+    made = fn()
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise SystemExit(f"{spec} must return (model, sample_input)")
+    return made
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from planner.api import GB, plan
+
+    model, sample = load_factory(args.factory)
+    p = plan(model, sample, args.budget / GB, solver=args.solver, cost_model=args.cost_model,
+             time_limit_s=args.time_limit, device_name=args.device)
+    p.to_json(args.out)
+    print(p.summary())
+    print(f"traced in {p.trace_seconds:.1f} s, solved in {p.solve_seconds:.1f} s; wrote {args.out}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from planner.api import Plan
+
+    p = Plan.load(args.plan)
+    print(p.explain())
+    return 0
 
 
 def cmd_min_budget(args: argparse.Namespace, graph, ref: int) -> int:
@@ -68,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "solve":
             return cmd_solve(args)
+        if args.command == "plan":
+            return cmd_plan(args)
+        if args.command == "show":
+            return cmd_show(args)
     except InfeasibleBudgetError as e:
         print(f"infeasible: {e}", file=sys.stderr)
         return 2

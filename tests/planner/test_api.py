@@ -1,0 +1,148 @@
+"""plan() and Plan: budget units, infeasible budgets, JSON round trip, re-application, refusals, explain()."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from graphs.errors import InfeasibleBudgetError, ScheduleFormatError
+from graphs.schedule_json import load_result
+from graphs.simulate import reference_peak_bytes
+from planner import GB, Plan, PlanMismatchError, plan
+from planner.api import budget_bytes_from_gb, solver_graph
+from planner.measure import step_state
+from tests.models import make_gpt, make_mlp
+from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, usable_registry
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    usable_registry()
+    model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=2)
+    first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+    ref = reference_peak_bytes(first.graph)
+    low = plan(model, x, 0.75 * ref / GB, cost_model="flops", traced=first.traced, time_limit_s=TIME_LIMIT_S)
+    return model, x, first, low, eager_state(model, x)
+
+
+def test_budget_is_decimal_gigabytes():
+    assert budget_bytes_from_gb(1.5) == 1_500_000_000
+    assert budget_bytes_from_gb(0.000123456789) == 123456
+    assert budget_bytes_from_gb(2) == 2 * 10**9
+    with pytest.raises(ValueError):
+        budget_bytes_from_gb(0)
+
+
+def test_plan_figures(gpt):
+    model, x, first, low, _ = gpt
+    assert first.overhead == 0 and first.status.value == "optimal"
+    assert first.predicted_peak_bytes == reference_peak_bytes(first.graph)
+    assert low.predicted_peak_bytes <= low.budget_bytes < first.predicted_peak_bytes
+    assert low.overhead > 0 and low.result.sim.recomputed
+    if low.lower_bound_cost is not None:
+        assert low.lower_bound_cost <= low.result.total_cost * (1 + 1e-9)
+
+
+def test_budget_counts_everything(gpt):
+    model, x, first, _, _ = gpt
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    # parameters and their gradients alone are part of every peak
+    assert first.predicted_peak_bytes > 2 * params
+    assert first.graph.fixed_bytes >= params + x.numel() * x.element_size()
+
+
+def test_infeasible_budget_names_minimum_in_gb(gpt):
+    model, x, first, _, _ = gpt
+    floor = first.graph.single_op_bound_bytes()
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        plan(model, x, (floor - 1) / GB, cost_model="flops", traced=first.traced, time_limit_s=TIME_LIMIT_S)
+    err = ei.value
+    assert err.min_budget_bytes is not None and err.min_budget_bytes >= floor
+    assert f"{err.min_budget_bytes / GB:.9f} GB" in str(err)
+    # the named minimum is feasible
+    ok = plan(model, x, err.min_budget_bytes / GB, cost_model="flops", traced=first.traced,
+              time_limit_s=TIME_LIMIT_S)
+    assert ok.predicted_peak_bytes <= err.min_budget_bytes
+
+
+def test_json_round_trip_and_reapply(gpt, tmp_path):
+    model, x, _, low, eager = gpt
+    path = tmp_path / "plan.json"
+    low.to_json(path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "remat-schedule" and doc["version"] == 1
+    assert doc["extra"]["planner"]["fingerprint"]["inputs"] == [[list(x.shape), str(x.dtype)]]
+    ls = load_result(path)  # the generic reader accepts it (replays and checks the predictions)
+    assert ls.sim.peak_bytes == low.predicted_peak_bytes
+    loaded = Plan.load(path)
+    assert loaded.predicted_peak_bytes == low.predicted_peak_bytes
+    assert loaded.compute_sequence == low.compute_sequence
+    assert loaded.status == low.status and loaded.overhead == pytest.approx(low.overhead)
+    # re-traced on the sample input now
+    m = copy.deepcopy(model)
+    assert_same_state(step_state(loaded.apply(m, x), x, seed=7), eager)
+    # re-traced lazily on the first call
+    m2 = copy.deepcopy(model)
+    assert_same_state(step_state(loaded.apply(m2), x, seed=7), eager)
+
+
+def test_tampered_file_is_refused(gpt, tmp_path):
+    _, _, _, low, _ = gpt
+    doc = low.to_dict()
+    doc["graph"]["nodes"][3]["bytes"] += 4096
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises((ScheduleFormatError, PlanMismatchError)):
+        Plan.load(path).apply(make_gpt(batch=2, seq=32, vocab=64, n_layers=2)[0],
+                              make_gpt(batch=2, seq=32, vocab=64, n_layers=2)[1])
+
+
+def test_other_model_is_refused(gpt, tmp_path):
+    _, _, _, low, _ = gpt
+    other, _ = make_gpt(batch=2, seq=32, vocab=64, n_layers=3)
+    with pytest.raises(PlanMismatchError, match="another model"):
+        low.apply(other)
+    path = tmp_path / "p.json"
+    low.to_json(path)
+    with pytest.raises(PlanMismatchError, match="another model"):
+        Plan.load(path).apply(other)
+    mlp, _ = make_mlp()
+    with pytest.raises(PlanMismatchError):
+        low.apply(mlp)
+
+
+def test_other_input_shape_is_refused(gpt, tmp_path):
+    model, x, _, low, _ = gpt
+    planned = low.apply(copy.deepcopy(model))
+    with pytest.raises(PlanMismatchError, match="shape"):
+        planned(x[:1])
+    path = tmp_path / "p.json"
+    low.to_json(path)
+    with pytest.raises(PlanMismatchError, match="shape"):
+        Plan.load(path).apply(copy.deepcopy(model), x[:, :16])
+
+
+def test_explain_groups_recomputation_by_module(gpt):
+    _, _, first, low, _ = gpt
+    text = low.explain()
+    assert "predicted peak" in text and "overhead" in text
+    groups = low.recomputed()
+    assert groups and all(isinstance(k, str) for k in groups)
+    assert any(k.startswith("blocks.") for k in groups), groups.keys()
+    for mod in groups:
+        assert (mod or "(top level)") in text
+    assert "nothing is recomputed" in first.explain()
+
+
+def test_solver_graph_adjustments(gpt):
+    _, _, first, _, _ = gpt
+    traced = first.traced
+    g = solver_graph(traced)
+    tangents = [nd for nd in g.nodes if nd.name.startswith("tangent_")]
+    assert len(tangents) == 1 and tangents[0].retain and not tangents[0].recomputable
+    # dropout is recomputable (its RNG state is replayed); the model's output is not
+    names = {nd.name: nd for nd in g.nodes}
+    assert any(n.startswith("native_dropout") and nd.recomputable for n, nd in names.items())
+    assert sum(1 for nd in g.nodes if nd.retain and not nd.backward) == 1  # only the logits
