@@ -101,7 +101,7 @@ def _add(prob: pulp.LpProblem, terms: list, sense: int, rhs: float) -> None:
 
 
 def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten: bool = True,
-                aggregated_free: bool = False) -> StageMILP:
+                aggregated_free: bool = True) -> StageMILP:
     """Build the stage MILP (or its LP relaxation with `relax=True`).
 
     aggregated_free: bound FREE with Checkmate's single aggregated hazard row instead of one row per hazard
