@@ -30,6 +30,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
+from solvers.cpsat_greedy import best_greedy_sequence
 from solvers.cpsat_family import FamilyForm, computation_limits, event_time, family_form, sequence_from_stages
 
 SOLVER_NAME = "cpsat"
@@ -279,7 +280,7 @@ def _stages_of(mdl: _Model, solver) -> list[list[int]]:
 
 def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, workers: int = 2,
           max_computations: int = 2, hint: bool = True, hint_sequence=None, rel_gap: float = 0.0,
-          feasibility_share: float = 0.5, parameters: dict | None = None, log: bool = False) -> Proposal:
+          feasibility_share: float = 0.8, parameters: dict | None = None, log: bool = False) -> Proposal:
     """Minimum-cost schedule of the family under `budget_bytes` (bytes), by CP-SAT.
 
     max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
@@ -318,15 +319,35 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             hint_seq, hint_name, min_known = list(hint_sequence), "given", peak
     if hint and hint_seq is None:
         hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, C)
+    if hint and hint_seq is None:
+        seq = best_greedy_sequence(graph, budget_bytes, C)
+        if seq is not None:
+            hint_seq, hint_name = seq, "greedy"
     if hint_seq is None:
-        # feasibility phase: lower the peak from the no-recomputation schedule until it meets the budget
+        # feasibility phase: lower the peak until it meets the budget, from the greedy member at the nearest
+        # budget above where the greedy works (else the no-recomputation schedule)
         ref = list(range(graph.n))
         ref_peak = simulate(graph, Schedule.from_sequence(graph, ref)).peak_bytes
-        fmdl = build_model(graph, budget_bytes, C, peak_objective_upto=ref_peak)
-        _add_hint(fmdl, graph, family_form(graph, ref, C))
+        start, start_name = ref, "no recomputation"
+        if hint:
+            for step in range(1, 20):
+                above = budget_bytes + (ref_peak - budget_bytes) * step // 20
+                if left() is not None and left() < 0.8 * time_limit_s:
+                    break
+                seq = best_greedy_sequence(graph, above, C, variants=(1.0, 0.5))
+                if seq is not None:
+                    start, start_name = seq, f"greedy at {above} bytes"
+                    break
+        start_peak = simulate(graph, Schedule.from_sequence(graph, start)).peak_bytes
+    if hint_seq is None and start_peak <= budget_bytes:
+        hint_seq, hint_name = start, start_name
+    if hint_seq is None:
+        fmdl = build_model(graph, budget_bytes, C, peak_objective_upto=start_peak)
+        _add_hint(fmdl, graph, family_form(graph, start, C))
         share = None if left() is None else left() * feasibility_share
         fsolver, fcode = _solve(fmdl, params, share, log)
-        info["feasibility_phase"] = {"status": fsolver.StatusName(fcode), "seconds": fsolver.WallTime()}
+        info["feasibility_phase"] = {"status": fsolver.StatusName(fcode), "seconds": fsolver.WallTime(),
+                                     "start": start_name}
         if fcode in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             stages = _stages_of(fmdl, fsolver)
             seq = sequence_from_stages(graph, stages)
