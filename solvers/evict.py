@@ -1,0 +1,89 @@
+"""Offline eviction heuristic: Belady-style rollouts plus a drop-gap search, best schedule wins.
+
+Knowing the whole future, two families of schedules are tried under the budget:
+
+1. Rollouts of the greedy eviction engine of `solvers.dtr` with an offline score: evict the
+   resident value minimising recompute_cost / (bytes x steps until its next use) (Belady's
+   furthest-next-use rule weighted by the bytes freed and by what recomputing it will cost,
+   evicted ancestors included); also with the recompute cost taken at the next use (ancestors
+   freed by then count), and DTR's own score as a fallback.
+2. `solvers.local_search.GapSearch`: choose which values to drop between two of their uses
+   (recomputed right before the later use), as a cheapest cover of the memory excess over the
+   budget, improved by ruin-and-recreate until the time limit.
+
+Every candidate is replayed by the simulator; the cheapest within budget is returned (status
+HEURISTIC). The time limit (default 60 s) bounds the improvement phase; the first cover and the
+rollouts always run. If nothing fits, InfeasibleBudgetError names the smallest budget at which
+the deterministic part (rollouts with the Belady score, or the first cover) succeeds.
+"""
+from __future__ import annotations
+
+import time
+
+from graphs.ir import Graph
+from graphs.schedule import Schedule, Status
+from graphs.simulate import simulate
+from solvers.base import Proposal
+from solvers.dtr import Rollout, dtr_den, infeasible
+from solvers.local_search import GapSearch
+
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+def belady_den(eng: Rollout, u: int, step: int, next_use: int, clock: int) -> float:
+    """bytes x steps until the next use: far-off, large values are evicted first."""
+    return max(eng.size[u], 1) * max(next_use - step, 1)
+
+
+# (name, denominator, rollout options); the first is the one the infeasible-budget search uses
+ROLLOUTS = (
+    ("belady", belady_den, {}),
+    ("belady_lookahead", belady_den, {"lookahead": True}),
+    ("dtr", dtr_den, {}),
+)
+
+
+def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, seed: int = 0,
+          improve: bool = True) -> Proposal:
+    """The cheapest schedule within budget found by the rollouts and the drop-gap search.
+
+    seed: seed of the ruin-and-recreate search. improve: run the search until the time limit
+    (False: stop after the first cover).
+    """
+    t0 = time.perf_counter()
+    limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    budget_bytes = int(budget_bytes)
+    if budget_bytes < graph.single_op_bound_bytes():
+        raise infeasible(graph, budget_bytes, "evict", lambda b: False, "")
+    found: list[tuple[float, str, Schedule]] = []
+
+    def consider(name: str, seq: list[int] | None) -> None:
+        if seq is None:
+            return
+        sched = Schedule.from_sequence(graph, seq)
+        sim = simulate(graph, sched)
+        if sim.peak_bytes <= budget_bytes:
+            found.append((sim.total_cost, name, sched))
+
+    eng = Rollout(graph)
+    for name, den, opts in ROLLOUTS:
+        consider(name, eng.run(budget_bytes, den, **opts))
+    gs = GapSearch(graph)
+    # keep a margin for the replay and the checks after the search
+    deadline = t0 + (0.92 * limit - 0.2 if improve else 0.0)
+    chosen = gs.solve(budget_bytes, deadline, seed=seed)
+    if chosen is not None:
+        consider("drop_gap", gs.sequence(chosen))
+    if not found:
+        def feasible(b: int) -> bool:
+            if eng.run(b, belady_den, max_computes=4 * graph.n + 100) is not None:
+                return True
+            return gs.solve(b, 0.0) is not None
+
+        raise infeasible(graph, budget_bytes, "evict", feasible,
+                         "its Belady rollout or its first drop-gap cover succeeds")
+    cost, name, sched = min(found, key=lambda f: f[0])
+    info = {"method": name, "candidates": {n: c for c, n, _ in found},
+            "search_iterations": getattr(gs, "iterations", 0),
+            "hit_time_limit": bool(improve and chosen is not None and time.perf_counter() >= deadline)}
+    return Proposal(sched, Status.HEURISTIC, info=info)
