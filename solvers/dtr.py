@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from typing import Callable
 
 from graphs.errors import InfeasibleBudgetError
@@ -75,7 +76,8 @@ class Rollout:
 
     # ---- the rollout -------------------------------------------------------------------------
     def run(self, budget_bytes: int, den: Callable, bias: list[float] | None = None, *,
-            lookahead: bool = False, zombies: bool = True, max_computes: int | None = None) -> list[int] | None:
+            lookahead: bool = False, zombies: bool = True, max_computes: int | None = None,
+            deadline_s: float | None = None) -> list[int] | None:
         """The compute sequence of the greedy under `budget_bytes`, or None if it gets stuck.
 
         den(engine, u, step, next_use, clock) -> float: the evicted value minimises
@@ -87,6 +89,7 @@ class Rollout:
         only when no evicted tensor depends on it).
         max_computes: give up (None) after this many computations (default 20 n + 100): a
         rollout that recomputes that much is of no use, and it could take very long.
+        deadline_s: give up (None) once time.perf_counter() passes it (checked at every step).
         """
         n, inputs, size, cost = self.n, self.inputs, self.size, self.cost
         budget = int(budget_bytes) - int(self.graph.fixed_bytes)
@@ -194,6 +197,9 @@ class Rollout:
         zombie: set[int] = set()
         try:
             for t in range(n):
+                if deadline_s is not None and time.perf_counter() > deadline_s:
+                    self.stuck = dict(step=t, reason="deadline")
+                    return None
                 touched: list[int] = []
                 if not compute(t, t, touched):
                     return None
@@ -238,14 +244,15 @@ def smallest_budget(graph: Graph, feasible: Callable[[int], bool], failed_at: in
 
 def infeasible(graph: Graph, budget_bytes: int, name: str, feasible: Callable[[int], bool],
                what: str) -> InfeasibleBudgetError:
-    """The error for a budget the heuristic cannot meet, naming the smallest it met by bisection."""
+    """The error for a budget the heuristic cannot meet, naming the smallest it meets (bisection)."""
     floor = graph.single_op_bound_bytes()
-    if budget_bytes < floor:
-        return InfeasibleBudgetError(budget_bytes, floor, name,
-                                     "single-operation bound: some node needs its inputs and output resident together")
-    low = smallest_budget(graph, feasible, budget_bytes)
-    return InfeasibleBudgetError(budget_bytes, low, name, f"the smallest budget above the requested one at which {what}, "
-                                 f"found by bisection (the single-operation bound is {floor} bytes)")
+    low = smallest_budget(graph, feasible, max(int(budget_bytes), floor - 1))
+    if low == floor:
+        reason = "single-operation bound: some node needs its inputs and output resident together; it meets that"
+    else:
+        reason = (f"the smallest budget above the requested one at which {what}, found by bisection "
+                  f"(not a proof: the single-operation bound is {floor} bytes)")
+    return InfeasibleBudgetError(budget_bytes, low, name, reason)
 
 
 def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, **run_options) -> list[int]:

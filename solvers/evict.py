@@ -53,8 +53,6 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     t0 = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     budget_bytes = int(budget_bytes)
-    if budget_bytes < graph.single_op_bound_bytes():
-        raise infeasible(graph, budget_bytes, "evict", lambda b: False, "")
     found: list[tuple[float, str, Schedule]] = []
 
     def consider(name: str, seq: list[int] | None) -> None:
@@ -66,12 +64,18 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             found.append((sim.total_cost, name, sched))
 
     eng = Rollout(graph)
-    for name, den, opts in ROLLOUTS:
-        consider(name, eng.run(budget_bytes, den, **opts))
     gs = GapSearch(graph)
-    # keep a margin for the replay and the checks after the search
-    deadline = t0 + (0.92 * limit - 0.2 if improve else 0.0)
-    chosen = gs.solve(budget_bytes, deadline, seed=seed)
+    chosen = None
+    if budget_bytes >= graph.single_op_bound_bytes():
+        # the first rollout always completes (the infeasible-budget search relies on it); a
+        # rollout that needs over 4 n computations is useless, and the others share a time cap
+        cap = 4 * graph.n + 100
+        for k, (name, den, opts) in enumerate(ROLLOUTS):
+            stop = None if k == 0 else t0 + 0.25 * limit
+            consider(name, eng.run(budget_bytes, den, max_computes=cap, deadline_s=stop, **opts))
+        # keep a margin for the replay and the checks after the search
+        deadline = t0 + (0.92 * limit - 0.2 if improve else 0.0)
+        chosen = gs.solve(budget_bytes, deadline, seed=seed)
     if chosen is not None:
         consider("drop_gap", gs.sequence(chosen))
     if not found:
@@ -85,5 +89,5 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     cost, name, sched = min(found, key=lambda f: f[0])
     info = {"method": name, "candidates": {n: c for c, n, _ in found},
             "search_iterations": getattr(gs, "iterations", 0),
-            "hit_time_limit": bool(improve and chosen is not None and time.perf_counter() >= deadline)}
+            "seconds": time.perf_counter() - t0}
     return Proposal(sched, Status.HEURISTIC, info=info)
