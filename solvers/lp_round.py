@@ -47,7 +47,8 @@ def schedule_for_kept(graph: Graph, S: np.ndarray) -> Schedule:
 
 
 def roundings(S_frac: np.ndarray, rng: random.Random, samples: int, max_thresholds: int = 64):
-    """Rounded kept patterns: deterministic thresholds first, then `samples` randomized ones."""
+    """Rounded kept patterns: deterministic thresholds first, then `samples` randomized ones (alternately
+    one coin per stage and node, and one threshold per node shared by all stages)."""
     n = S_frac.shape[1]
     tri = np.tril(np.ones((n + 1, n), dtype=bool), -1)
     tri[n] = False  # the end row is fixed (retained)
@@ -59,8 +60,11 @@ def roundings(S_frac: np.ndarray, rng: random.Random, samples: int, max_threshol
         S = S_frac >= thr - 1e-9
         S[n] = S_frac[n] > 0.5
         yield S & (tri | _end_row(n))
-    for _ in range(samples):
-        draw = np.array([[rng.random() for _ in range(n)] for _ in range(n + 1)])
+    for k in range(samples):
+        if k % 2:  # independent coins per (stage, node)
+            draw = np.array([[rng.random() for _ in range(n)] for _ in range(n + 1)])
+        else:  # one threshold per node for all stages: keeps a value over a coherent run of stages
+            draw = np.tile(np.array([rng.random() for _ in range(n)]), (n + 1, 1))
         S = draw < S_frac
         S[n] = S_frac[n] > 0.5
         yield S & (tri | _end_row(n))
