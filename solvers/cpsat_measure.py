@@ -36,10 +36,12 @@ def main(argv=None) -> None:
             try:
                 r = solve(g, b, "cpsat", time_limit_s=a.limit, max_computations=a.C, parameters=params, log=a.log)
                 gap = r.info.get("gap")
+                lb = "none" if r.lower_bound_cost is None else f"{100 * (r.lower_bound_cost / g.total_cost - 1):.3f}%"
+                gp = "none" if gap is None else f"{100 * gap:.3f}%"
                 print(f"{name} {m} status={r.status.value} overhead={100 * r.overhead:.3f}% "
-                      f"lb_overhead={100 * (r.lower_bound_cost / g.total_cost - 1):.3f}% gap={100 * gap:.3f}% "
+                      f"lb_overhead={lb} gap={gp} "
                       f"seconds={time.perf_counter() - t:.1f} hint={r.info.get('hint')} "
-                      f"cpsat={r.info.get('cpsat_status')} build={r.info.get('build_seconds'):.2f}", flush=True)
+                      f"cpsat={r.info.get('cpsat_status')} feasibility_phase={r.info.get('feasibility_phase')}", flush=True)
             except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
                 print(f"{name} {m} {type(e).__name__}: {e} seconds={time.perf_counter() - t:.1f}", flush=True)
 
