@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError, SolverError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
@@ -264,6 +264,8 @@ class _HighsWithStart(pulp.HiGHS):
     def __init__(self, start: dict[str, float] | None = None, **kw):
         super().__init__(**kw)
         self.start = start
+        # PuLP copies the model into HiGHS row by row before the run; the limit covers that copy too
+        self.deadline = None if self.timeLimit is None else time.perf_counter() + float(self.timeLimit)
 
     def createAndConfigureSolver(self, lp):
         # highspy prints a banner on stdout when the first Highs object is made, before output_flag can be
@@ -292,6 +294,8 @@ class _HighsWithStart(pulp.HiGHS):
             sol.col_value = vals
             sol.value_valid = True
             h.setSolution(sol)
+        if self.deadline is not None:
+            lp.solverModel.setOptionValue("time_limit", max(0.1, self.deadline - time.perf_counter()))
         super().callSolver(lp)
 
 
@@ -417,6 +421,14 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
         model = build_model(graph, model_budget, tighten=tighten)
         start, start_name = None, None
         if warm_start:
+            if not any(start_values(model, seq) is not None for _, _, seq in found):
+                rounded = _rounding_start(graph, budget_bytes, time_limit_s, t0)
+                if rounded is not None and rounded[0].status is Status.OPTIMAL:
+                    prop = rounded[0]  # the rounding met the LP bound: nothing can cost less
+                    prop.info.update({"backend": "lp_round", "family": FAMILY})
+                    return prop
+                if rounded is not None:
+                    found = [*found, (rounded[1], "lp_round", rounded[0].schedule.computes)]
             for cost, bname, seq in found:
                 start = start_values(model, seq)
                 if start is not None:
@@ -464,6 +476,25 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
         info["model_cost"] = stage_cost(graph, R)
         return Proposal(sched, status, bound, info)
     raise SolverError(f"{name}: solutions kept exceeding the budget after tolerance retries")
+
+
+# Share of the time limit that LP rounding may use to find a warm start when no baseline schedule fits.
+ROUNDING_START_SHARE = 0.2
+
+
+def _rounding_start(graph: Graph, budget_bytes: int, time_limit_s: float | None, t0: float):
+    """(proposal, cost) of LP rounding within a share of the limit, or None when it finds nothing."""
+    from solvers.lp_round import lp_round  # lp_round imports this module: import on use
+
+    cap = 30.0 if time_limit_s is None else ROUNDING_START_SHARE * time_limit_s
+    cap = min(cap, (time_limit_s if time_limit_s is not None else math.inf) - (time.perf_counter() - t0))
+    if cap <= 0.5:
+        return None
+    try:
+        prop = lp_round(graph, budget_bytes, time_limit_s=cap)
+    except RematError:
+        return None
+    return prop, simulate(graph, prop.schedule).total_cost
 
 
 def milp_cbc(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, **options) -> Proposal:
