@@ -25,7 +25,7 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
 from solvers.dtr import Rollout, dtr_den, infeasible
-from solvers.local_search import GapSearch
+from solvers.local_search import GapSearch, drop_gap_milp
 
 DEFAULT_TIME_LIMIT_S = 60.0
 
@@ -44,11 +44,12 @@ ROLLOUTS = (
 
 
 def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, seed: int = 0,
-          improve: bool = True) -> Proposal:
+          improve: bool = True, use_milp: bool = True) -> Proposal:
     """The cheapest schedule within budget found by the rollouts and the drop-gap search.
 
     seed: seed of the ruin-and-recreate search. improve: run the search until the time limit
-    (False: stop after the first cover).
+    (False: stop after the first cover). use_milp: spend the last four fifths of the time on the
+    MILP of the drop-gap family (HiGHS), warm-started from the search.
     """
     t0 = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
@@ -66,6 +67,7 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     eng = Rollout(graph)
     gs = GapSearch(graph)
     chosen = None
+    milp_status, family_bound = None, None
     if budget_bytes >= graph.single_op_bound_bytes():
         # the first rollout always completes (the infeasible-budget search relies on it); a
         # rollout that needs over 4 n computations is useless, and the others share a time cap
@@ -73,11 +75,18 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         for k, (name, den, opts) in enumerate(ROLLOUTS):
             stop = None if k == 0 else t0 + 0.25 * limit
             consider(name, eng.run(budget_bytes, den, max_computes=cap, deadline_s=stop, **opts))
-        # keep a margin for the replay and the checks after the search
-        deadline = t0 + (0.92 * limit - 0.2 if improve else 0.0)
+        # keep a margin for the replay and the checks after the search; the ruin-and-recreate
+        # search gets a fifth of the time when the MILP over the same family follows it
+        end = t0 + 0.92 * limit - 0.3
+        deadline = t0 + ((0.2 * limit if use_milp else 0.92 * limit - 0.3) if improve else 0.0)
         chosen = gs.solve(budget_bytes, deadline, seed=seed)
-    if chosen is not None:
-        consider("drop_gap", gs.sequence(chosen))
+        if chosen is not None:
+            consider("drop_gap", gs.sequence(chosen))
+        if improve and use_milp and end - time.perf_counter() > 0.5:
+            better, family_bound, milp_status = drop_gap_milp(gs, budget_bytes, end - time.perf_counter(),
+                                                              warm=chosen, deadline=end)
+            if better is not None:
+                consider("drop_gap_milp", gs.sequence(better))
     if not found:
         def feasible(b: int) -> bool:
             if eng.run(b, belady_den, max_computes=4 * graph.n + 100) is not None:
@@ -89,5 +98,5 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     cost, name, sched = min(found, key=lambda f: f[0])
     info = {"method": name, "candidates": {n: c for c, n, _ in found},
             "search_iterations": getattr(gs, "iterations", 0),
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "drop_gap_milp": milp_status}
     return Proposal(sched, Status.HEURISTIC, info=info)

@@ -22,6 +22,7 @@ window, re-cover, keep if not worse) until the time limit.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 
@@ -47,11 +48,14 @@ class GapSearch:
         # candidates
         self.c_u: list[int] = []
         self.c_lo: list[int] = []  # span start (first step the delta touches)
-        self.c_p: list[int] = []  # recompute point (the use b); span ends at p
+        self.c_p: list[int] = []  # the use b that the recomputation serves; span ends at p
         self.c_delta: list[np.ndarray] = []
         self.c_cost: list[float] = []
-        gap_of: dict[tuple[int, int], int] = {}  # (u, gap index) -> candidate id
+        gap_opts: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (u, gap) -> [(r, candidate)]
         self.uses = []
+        self.c_r: list[int] = []  # the step before which the recomputation runs
+        self.c_ext: list[tuple[int, ...]] = []  # inputs kept past their last use until r
+        self.c_drop: list[tuple[int, int]] = []  # steps [first, last] where u is absent
         for u in range(n):
             a = [u, *users[u]]
             self.uses.append(a)
@@ -62,31 +66,43 @@ class GapSearch:
                 L, p = a[k] + 1, a[k + 1]
                 if L > p - 1:
                     continue
-                ext = [(end[i] + 1, size[i]) for i in nd.inputs if end[i] < p]
-                lo = min([L] + [s for s, _ in ext])
-                d = np.zeros(p - lo + 1, dtype=np.int64)
-                d[L - lo:p - lo] -= size[u]
-                for s, b in ext:
-                    d[s - lo:] += b
-                gap_of[(u, k)] = len(self.c_u)
-                self.c_u.append(u)
-                self.c_lo.append(lo)
-                self.c_p.append(p)
-                self.c_delta.append(d)
-                self.c_cost.append(float(nd.cost))
+                # recompute right before the use p, or earlier, right before the last use of an
+                # input (that input then needs no extension); u is resident from r to p
+                points = sorted({p} | {end[i] for i in nd.inputs if L < end[i] < p})
+                for r in points:
+                    ext = [(end[i] + 1, size[i]) for i in nd.inputs if end[i] < r]
+                    lo = min([L] + [s0 for s0, _ in ext])
+                    d = np.zeros(p - lo + 1, dtype=np.int64)
+                    d[L - lo:r - lo] -= size[u]
+                    for s0, b in ext:
+                        d[s0 - lo:r - lo + 1] += b
+                    gap_opts.setdefault((u, k), []).append((r, len(self.c_u)))
+                    self.c_ext.append(tuple(i for i in nd.inputs if end[i] < r))
+                    self.c_drop.append((L, r - 1))
+                    self.c_u.append(u)
+                    self.c_lo.append(lo)
+                    self.c_p.append(p)
+                    self.c_r.append(r)
+                    self.c_delta.append(d)
+                    self.c_cost.append(float(nd.cost))
         m = len(self.c_u)
         self.m = m
-        # conflicts: a drop of u recomputed at p needs every input i resident at p
         conf: list[set[int]] = [set() for _ in range(m)]
+        for opts in gap_opts.values():  # one option per gap at most
+            for _, c in opts:
+                conf[c].update(j for _, j in opts if j != c)
+        # a recomputation of u before step r needs every input i resident then: no drop of i may
+        # keep i absent at r (absent from after a[k] up to its own recomputation point)
         for c in range(m):
-            u, p = self.c_u[c], self.c_p[c]
+            u, r = self.c_u[c], self.c_r[c]
             for i in graph.inputs[u]:
                 a = self.uses[i]
-                k = int(np.searchsorted(a, p)) - 1  # gap (a[k], a[k+1]) with a[k] < p
-                if 0 <= k < len(a) - 1 and a[k] < p < a[k + 1] and (i, k) in gap_of:
-                    j = gap_of[(i, k)]
-                    conf[c].add(j)
-                    conf[j].add(c)
+                k = int(np.searchsorted(a, r)) - 1  # the gap (a[k], a[k+1]) with a[k] < r
+                if 0 <= k < len(a) - 1 and a[k] < r < a[k + 1]:
+                    for r2, j in gap_opts.get((i, k), ()):
+                        if r2 > r:
+                            conf[c].add(j)
+                            conf[j].add(c)
         self.conf = conf
         # for each step, the candidates whose span touches it (to re-cover a window quickly)
         touch: list[list[int]] = [[] for _ in range(n)]
@@ -154,7 +170,8 @@ class GapSearch:
                 seg -= self.c_delta[c]
                 chosen.discard(c)
 
-    def solve(self, budget_bytes: int, deadline: float, seed: int = 0) -> set[int] | None:
+    def solve(self, budget_bytes: int, deadline: float, seed: int = 0, temperature: float = 0.3
+              ) -> set[int] | None:
         """A cheap feasible drop set for the budget, improved until `deadline` (perf_counter)."""
         rng = random.Random(seed)
         chosen: set[int] = set()
@@ -166,7 +183,16 @@ class GapSearch:
         cur, cur_cost = set(chosen), best_cost
         n = self.n
         it = 0
-        while time.perf_counter() < deadline and cur:
+        t_start = time.perf_counter()
+        span = max(deadline - t_start, 1e-9)
+        # simulated annealing on the cost: the temperature starts at `temperature` x the mean
+        # cost of a drop and falls linearly to zero at the deadline
+        t0 = temperature * best_cost / max(len(best), 1)
+        while cur:
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            temp = t0 * (1.0 - (now - t_start) / span)
             it += 1
             # ruin: the drops whose span meets a random window around a random chosen drop
             c0 = rng.choice(tuple(cur))
@@ -190,7 +216,7 @@ class GapSearch:
                 continue
             self.prune(trial, te)
             tc = self.cost(trial)
-            if tc <= cur_cost:
+            if tc <= cur_cost or (temp > 0 and rng.random() < math.exp(-(tc - cur_cost) / temp)):
                 cur, cur_cost, e = trial, tc, te
                 if tc < best_cost - 1e-12:
                     best, best_cost = set(trial), tc
@@ -202,9 +228,138 @@ class GapSearch:
         """The reference order with each chosen drop's recomputation placed right before its use."""
         before: dict[int, list[int]] = {}
         for c in chosen:
-            before.setdefault(self.c_p[c], []).append(self.c_u[c])
+            before.setdefault(self.c_r[c], []).append(self.c_u[c])
         seq: list[int] = []
         for t in range(self.n):
             seq.extend(sorted(before.get(t, ())))
             seq.append(t)
         return seq
+
+
+def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
+                  threads: int = 1, deadline: float | None = None) -> tuple[set[int] | None, float | None, str]:
+    """The cheapest drop set of the family, by HiGHS, with an input kept once however many drops need it.
+
+    The extensions of an input are merged: z[i, k] says that input i is kept past its last use
+    through the k-th distinct recomputation point that needs it (z non-increasing in k, and at
+    least every chosen drop that needs it that far). This model is exact for the union of the
+    extensions, so its peak bounds the simulated one from above like the greedy's model.
+    deadline: a time.perf_counter() value; the solver's own limit is cut to end by then, so the
+    model building counts against the time. Returns (drop set or None, the solver's lower bound on the family's cost or None, status text).
+    None when highspy is not installed or no solution was found within the time limit.
+    """
+    try:
+        import highspy
+    except ImportError:  # pragma: no cover - highspy is a project dependency
+        return None, None, "highspy not installed"
+    n, m = gs.n, gs.m
+    size = gs.graph.sizes
+    points: dict[int, list[int]] = {}
+    for c in range(m):
+        for i in gs.c_ext[c]:
+            points.setdefault(i, []).append(gs.c_r[c])
+    zcol: dict[tuple[int, int], int] = {}  # (input, point) -> column
+    col = m
+    seg_rows: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    chain_pairs = []
+    for i, rs in points.items():
+        rs = sorted(set(rs))
+        prev = gs.last_use[i]
+        for k, r in enumerate(rs):
+            zcol[(i, r)] = col
+            for s in range(prev + 1, r + 1):
+                seg_rows[s].append((col, float(size[i])))
+            if k:
+                chain_pairs.append((col - 1, col))
+            prev = r
+            col += 1
+    ncol = col
+    excess = gs.mem0 - int(budget_bytes)
+    for c in range(m):
+        lo, hi = gs.c_drop[c]
+        b = -float(size[gs.c_u[c]])
+        for s in range(lo, hi + 1):
+            seg_rows[s].append((c, b))
+    inf = highspy.kHighsInf
+    h = _quiet_highs(highspy)
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("log_to_console", False)
+    if deadline is not None:
+        time_limit_s = min(float(time_limit_s), deadline - time.perf_counter())
+    if time_limit_s <= 0.05:
+        return None, None, "no time left after building the model"
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("threads", int(threads))
+    h.setOptionValue("random_seed", 0)
+    cost = np.zeros(ncol)
+    cost[:m] = gs.c_cost
+    h.addVars(ncol, np.zeros(ncol), np.ones(ncol))
+    h.changeColsCost(ncol, np.arange(ncol, dtype=np.int32), cost)
+    h.changeColsIntegrality(m, np.arange(m, dtype=np.int32),
+                            np.array([highspy.HighsVarType.kInteger] * m))
+    lower, upper, starts, index, value = [], [], [], [], []
+
+    def row(lo: float, up: float, entries) -> None:
+        lower.append(lo)
+        upper.append(up)
+        starts.append(len(index))
+        for j, v in entries:
+            index.append(j)
+            value.append(v)
+
+    for s in range(n):
+        if seg_rows[s]:
+            row(-inf, float(-excess[s]), seg_rows[s])
+        elif excess[s] > 0:
+            return None, None, "a step is over budget and no drop covers it"
+    for c in range(m):
+        for i in gs.c_ext[c]:
+            row(-inf, 0.0, [(c, 1.0), (zcol[(i, gs.c_r[c])], -1.0)])
+    for a, b in chain_pairs:
+        row(0.0, inf, [(a, 1.0), (b, -1.0)])
+    for c in range(m):
+        for j in gs.conf[c]:
+            if c < j:
+                row(-inf, 1.0, [(c, 1.0), (j, 1.0)])
+    h.addRows(len(lower), np.array(lower), np.array(upper), len(index), np.array(starts, dtype=np.int32),
+              np.array(index, dtype=np.int32), np.array(value))
+    if warm:
+        x = np.zeros(ncol)
+        for c in warm:
+            x[c] = 1.0
+            for i in gs.c_ext[c]:
+                for r in points[i]:
+                    if r <= gs.c_r[c]:
+                        x[zcol[(i, r)]] = 1.0
+        try:
+            sol = highspy.HighsSolution()
+            sol.col_value = x.tolist()
+            sol.value_valid = True
+            h.setSolution(sol)
+        except Exception:  # noqa: BLE001 - a warm start is optional; some versions lack it
+            pass
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
+    if info.primal_solution_status != 2:  # kSolutionStatusFeasible
+        return None, bound, status
+    xs = h.getSolution().col_value
+    return {c for c in range(m) if xs[c] > 0.5}, bound, status
+
+
+def _quiet_highs(highspy):
+    """A Highs object, made with stdout silenced: highspy prints a banner on the first one, before
+    output_flag can be cleared, and the command line promises one line of output."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
