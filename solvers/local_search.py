@@ -254,6 +254,8 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
         return None, None, "highspy not installed"
     n, m = gs.n, gs.m
     size = gs.graph.sizes
+    if (gs.mem0 - int(budget_bytes)).max(initial=0) <= 0:
+        return set(), 0.0, "Optimal"  # nothing to drop: costs are >= 0
     points: dict[int, list[int]] = {}
     for c in range(m):
         for i in gs.c_ext[c]:

@@ -57,3 +57,28 @@ def test_evict_respects_its_time_limit(bench_dir):
     t0 = time.perf_counter()
     check_heuristic(g, budget_from_multiplier(g, 0.9), "evict", time_limit_s=1.0)
     assert time.perf_counter() - t0 < 3.0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=st.one_of(st.builds(random_dag, st.integers(2, 12), st.integers(0, 10**6)),
+                       st.builds(random_training_graph, st.integers(1, 6), st.integers(0, 10**6))),
+       frac=st.floats(0.5, 1.0))
+def test_drop_gap_milp_is_valid_and_no_worse_than_the_search(graph, frac):
+    from solvers.local_search import drop_gap_milp
+
+    budget = int(frac * reference_peak_bytes(graph))
+    gs = GapSearch(graph)
+    found = gs.solve(budget, 0.0)
+    chosen, bound, status = drop_gap_milp(gs, budget, 5.0, warm=found)
+    if found is not None:
+        # the search's model counts shared extensions once per drop: its sets are feasible for the MILP
+        assert chosen is not None
+    if chosen is None:
+        return
+    sim = simulate(graph, Schedule.from_sequence(graph, gs.sequence(chosen)))
+    assert sim.peak_bytes <= budget
+    assert sim.total_cost == graph.total_cost + gs.cost(chosen)
+    if status == "Optimal":
+        assert bound is not None and bound <= gs.cost(chosen) + 1e-6
+        if found is not None:
+            assert gs.cost(chosen) <= gs.cost(found) + 1e-6
