@@ -2,22 +2,25 @@
 
 The reference order runs every node once; a *drop* of value u over the gap between two
 consecutive uses a < b of u (or between its computation and its first use) frees u after step
-a and recomputes it right before step b. Its inputs must be resident then: an input whose last
-use comes before b is kept until b (an *extension*), and an input dropped over a gap that
-strictly contains b conflicts with the drop. With S the chosen drops, the memory at reference
-step s is modelled as
+a and recomputes it before step r, a < r <= b: right before its use b, or earlier, right before
+the last use of one of its inputs. Its inputs must be resident then: an input whose last use
+comes before r is kept until r (an *extension*), and a drop of an input that keeps it absent at
+r conflicts with the drop (as do two drops of the same gap). With S the chosen drops, the memory
+at reference step s is modelled as
 
-    mem0(s) - sum of bytes(u) over drops whose gap strictly contains s
-            + sum of bytes(i) over extensions that cover s (counted once per drop),
+    mem0(s) - sum of bytes(u) over drops with a < s < r
+            + sum of bytes(i) over extensions that cover s (each up to r inclusive),
 
-which bounds the memory of every op up to step s from above (recomputations placed before step
-b are live at b, and extensions are counted until b inclusive, once per drop that needs them).
-So a set S with model peak <= budget always gives a schedule within budget; the simulator is
-still the judge. Cost = sum of cost(u) over S.
+which bounds the memory of every op up to step s from above (a recomputation placed before step
+r is counted as live at r). The greedy search counts an extension once per drop that needs it
+(more conservative); the MILP (`drop_gap_milp`) counts a kept input once. Either way a set S
+whose model peak is within budget gives a schedule within budget; the simulator is still the
+judge. Cost = sum of cost(u) over S.
 
-`GapSearch` finds a cheap feasible S: a lazy greedy cover of the excess (excess bytes removed
-per unit cost), reverse-delete pruning, then ruin-and-recreate (drop the drops in a random
-window, re-cover, keep if not worse) until the time limit.
+`GapSearch.solve` finds a cheap feasible S: a lazy greedy cover of the excess (excess bytes
+removed per unit cost), reverse-delete pruning, then ruin-and-recreate with simulated-annealing
+acceptance (drop the drops in a random window, re-cover) until its deadline. `drop_gap_milp`
+solves the family exactly with HiGHS within a time limit, warm-started from the search.
 """
 from __future__ import annotations
 
@@ -225,7 +228,7 @@ class GapSearch:
 
     # ---- output -------------------------------------------------------------------------------
     def sequence(self, chosen: set[int]) -> list[int]:
-        """The reference order with each chosen drop's recomputation placed right before its use."""
+        """The reference order with each chosen drop's recomputation placed before its point r."""
         before: dict[int, list[int]] = {}
         for c in chosen:
             before.setdefault(self.c_r[c], []).append(self.c_u[c])
@@ -238,7 +241,7 @@ class GapSearch:
 
 def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
                   threads: int = 1, deadline: float | None = None) -> tuple[set[int] | None, float | None, str]:
-    """The cheapest drop set of the family, by HiGHS, with an input kept once however many drops need it.
+    """The cheapest drop set of the family by HiGHS; a kept input counts once, whatever needs it.
 
     The extensions of an input are merged: z[i, k] says that input i is kept past its last use
     through the k-th distinct recomputation point that needs it (z non-increasing in k, and at
