@@ -31,7 +31,7 @@ from typing import Callable
 from graphs.errors import InfeasibleBudgetError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
-from graphs.simulate import reference_peak_bytes, simulate
+from graphs.simulate import reference_peak_bytes
 from solvers.base import Proposal
 
 INF = math.inf
@@ -267,10 +267,13 @@ def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, *
     return seq
 
 
-def dtr(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
-    """DTR-style greedy eviction (see the module docstring); status HEURISTIC."""
-    seq = greedy_sequence(graph, budget_bytes, dtr_den, "dtr")
+def dtr(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
+        zombies: bool = True) -> Proposal:
+    """DTR-style greedy eviction (see the module docstring); status HEURISTIC.
+
+    zombies=False frees every value at its last use even when an evicted value still needs it
+    (eager freeing); recomputation then cascades through dead ancestors on wide fan-in graphs.
+    """
+    seq = greedy_sequence(graph, budget_bytes, dtr_den, "dtr", zombies=zombies)
     sched = Schedule.from_sequence(graph, seq)
-    sim = simulate(graph, sched)
-    return Proposal(sched, Status.HEURISTIC, info={"recomputations": len(seq) - graph.n,
-                                                   "rollout_overhead": sim.overhead})
+    return Proposal(sched, Status.HEURISTIC, info={"recomputations": len(seq) - graph.n, "zombies": zombies})

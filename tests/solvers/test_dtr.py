@@ -104,3 +104,9 @@ def test_dtr_on_segnet_at_half_the_peak(bench_dir):
     g = load_benchmark(bench_dir / "segnet.json")
     res = check_heuristic(g, budget_from_multiplier(g, 0.5), "dtr")
     assert 0.0 < res.overhead < 1.0  # it must recompute, and stays a sane baseline (measured 42 %)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=graph_with_random_ops, frac=st.floats(0.2, 1.1))
+def test_dtr_with_eager_freeing_is_valid_too(graph, frac):
+    check_heuristic(graph, max(0, int(frac * reference_peak_bytes(graph))), "dtr", zombies=False)
