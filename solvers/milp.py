@@ -20,7 +20,8 @@ The objective's constant (every node computed once) is not handed to the backend
 (`mip_gap`) is measured on the recomputation cost alone: a stricter test than the same gap on the total cost.
 
 Backends (`backend=`): "highs" (default; highspy through PuLP's HiGHS API) and "cbc" (PuLP's bundled CBC).
-Warm start (the cheapest baseline schedule that the model accepts) works with both: HiGHS gets it through
+Warm start (the cheapest schedule of the baselines and of a cost-per-byte keep policy that the model accepts)
+works with both: HiGHS gets it through
 `Highs.setSolution` before the run, CBC through PuLP's `warmStart` (a MIP-start file).
 """
 from __future__ import annotations
@@ -35,13 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError, SolverError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
-from solvers.stage_model import (free_matrix, modeled_memory, sequence_from_stages, stage_cost,
-                                 stages_from_sequence)
+from solvers.stage_model import (free_matrix, modeled_memory, ratio_kept_sequences, sequence_from_stages,
+                                 stage_cost, stages_from_sequence)
 
 BACKENDS = ("highs", "cbc")
 FAMILY = "frontier-advancing stages (first computations in the reference order, each node at most once per stage)"
@@ -421,14 +422,8 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
         model = build_model(graph, model_budget, tighten=tighten)
         start, start_name = None, None
         if warm_start:
-            if not any(start_values(model, seq) is not None for _, _, seq in found):
-                rounded = _rounding_start(graph, budget_bytes, time_limit_s, t0)
-                if rounded is not None and rounded[0].status is Status.OPTIMAL:
-                    prop = rounded[0]  # the rounding met the LP bound: nothing can cost less
-                    prop.info.update({"backend": "lp_round", "family": FAMILY})
-                    return prop
-                if rounded is not None:
-                    found = [*found, (rounded[1], "lp_round", rounded[0].schedule.computes)]
+            if attempt == 0:
+                found = sorted([*found, *_ratio_starts(graph, budget_bytes)], key=lambda x: x[0])
             for cost, bname, seq in found:
                 start = start_values(model, seq)
                 if start is not None:
@@ -478,23 +473,15 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
     raise SolverError(f"{name}: solutions kept exceeding the budget after tolerance retries")
 
 
-# Share of the time limit that LP rounding may use to find a warm start when no baseline schedule fits.
-ROUNDING_START_SHARE = 0.2
-
-
-def _rounding_start(graph: Graph, budget_bytes: int, time_limit_s: float | None, t0: float):
-    """(proposal, cost) of LP rounding within a share of the limit, or None when it finds nothing."""
-    from solvers.lp_round import lp_round  # lp_round imports this module: import on use
-
-    cap = 30.0 if time_limit_s is None else ROUNDING_START_SHARE * time_limit_s
-    cap = min(cap, (time_limit_s if time_limit_s is not None else math.inf) - (time.perf_counter() - t0))
-    if cap <= 0.5:
-        return None
-    try:
-        prop = lp_round(graph, budget_bytes, time_limit_s=cap)
-    except RematError:
-        return None
-    return prop, simulate(graph, prop.schedule).total_cost
+def _ratio_starts(graph: Graph, budget_bytes: int) -> list[tuple[float, str, list[int]]]:
+    """The cheapest schedule within budget of the cost-per-byte keep policy, as a warm-start candidate (it
+    helps where the baselines have nothing to offer, e.g. graphs without a backward pass)."""
+    best = None
+    for seq in ratio_kept_sequences(graph):
+        sim = simulate(graph, Schedule.from_sequence(graph, seq))
+        if sim.peak_bytes <= budget_bytes and (best is None or sim.total_cost < best[0]):
+            best = (sim.total_cost, "cost_per_byte_keep", seq)
+    return [] if best is None else [best]
 
 
 def milp_cbc(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, **options) -> Proposal:

@@ -165,3 +165,25 @@ def recompute_for_kept(graph: Graph, S: np.ndarray) -> np.ndarray:
 
 def stage_cost(graph: Graph, R: np.ndarray) -> float:
     return float((R.sum(axis=0) * graph.costs).sum())
+
+
+def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32) -> list[list[int]]:
+    """Stage-family sequences from a simple keep policy, for warm starts: keep the values whose cost per byte
+    is at least a threshold (expensive, small values are worth their memory), for up to `max_thresholds`
+    thresholds spread over the distinct scores; the rest is recomputed where needed (`recompute_for_kept`)."""
+    n = graph.n
+    sizes = graph.sizes.astype(float)
+    score = graph.costs / np.maximum(sizes, 1.0)
+    distinct = np.unique(score)
+    if len(distinct) > max_thresholds:
+        distinct = distinct[np.unique(np.linspace(0, len(distinct) - 1, max_thresholds).round().astype(int))]
+    out = []
+    for theta in [*distinct.tolist(), np.inf]:
+        keep = score >= theta
+        S = np.zeros((n + 1, n), dtype=bool)
+        for i in np.nonzero(keep)[0]:
+            S[i + 1:n, i] = True
+        S[n, list(graph.retained)] = True
+        R = recompute_for_kept(graph, S)
+        out.append(sequence_from_stages(graph, R, S))
+    return out
