@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from graphs.ir import Graph
-from graphs.schedule import OpKind, Schedule
+from graphs.schedule import Op, OpKind, Schedule
 
 
 def sequence_from_stages(graph: Graph, R: np.ndarray, S: np.ndarray | None = None) -> list[int]:
@@ -44,7 +44,6 @@ def stages_from_sequence(graph: Graph, sequence: Sequence[int]) -> tuple[np.ndar
     n = graph.n
     R = np.zeros((n, n), dtype=bool)
     t = 0
-    stage_start: list[int] = []  # op index where each stage begins
     pending: list[int] = []
     for v in sequence:
         if t >= n:
@@ -119,8 +118,6 @@ def literal_schedule(graph: Graph, R: np.ndarray, S: np.ndarray,
 
     Used to check that the MILP's memory model is the simulator's: simulating this schedule gives a peak
     equal to the largest U[t, k] over computed (t, k)."""
-    from graphs.schedule import Op
-
     n = graph.n
     ops: list[Op] = []
     resident = np.zeros(n, dtype=bool)

@@ -82,3 +82,17 @@ def test_rounded_schedule_of_random_patterns_is_always_valid():
         sim = simulate(g, schedule_for_kept(g, S))
         assert sim.total_cost >= g.total_cost
         assert isinstance(schedule_for_kept(g, S), Schedule)
+
+
+@pytest.mark.parametrize("g", [linear_training_graph(6), random_training_graph(5, 1), random_dag(10, 2, retain_prob=0.3)],
+                         ids=lambda g: g.name)
+def test_cost_per_byte_keep_sequences_are_valid_family_members(g):
+    from solvers.stage_model import ratio_kept_sequences
+
+    seqs = ratio_kept_sequences(g)
+    assert seqs
+    for seq in seqs:
+        simulate(g, Schedule.from_sequence(g, seq))  # valid
+        assert stages_from_sequence(g, seq) is not None
+    # the lowest threshold keeps every value: no recomputation at all
+    assert Schedule.from_sequence(g, seqs[0]).computes == list(range(g.n))
