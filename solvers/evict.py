@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 
+from graphs.errors import ScheduleError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
@@ -60,7 +61,10 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         if seq is None:
             return
         sched = Schedule.from_sequence(graph, seq)
-        sim = simulate(graph, sched)
+        try:
+            sim = simulate(graph, sched)
+        except ScheduleError:  # a model error; the other candidates still stand
+            return
         if sim.peak_bytes <= budget_bytes:
             found.append((sim.total_cost, name, sched))
 
@@ -84,7 +88,8 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             consider("drop_gap", gs.sequence(chosen))
         if improve and use_milp and end - time.perf_counter() > 0.5:
             better, family_bound, milp_status = drop_gap_milp(gs, budget_bytes, end - time.perf_counter(),
-                                                              warm=chosen, deadline=end)
+                                                              warm=chosen, deadline=end,
+                                                              heuristic_effort=0.3)
             if better is not None:
                 consider("drop_gap_milp", gs.sequence(better))
     if not found:

@@ -240,7 +240,7 @@ class GapSearch:
 
 
 def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
-                  threads: int = 1, deadline: float | None = None) -> tuple[set[int] | None, float | None, str]:
+                  threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05) -> tuple[set[int] | None, float | None, str]:
     """The cheapest drop set of the family by HiGHS; a kept input counts once, whatever needs it.
 
     The extensions of an input are merged: z[i, k] says that input i is kept past its last use
@@ -296,6 +296,7 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("threads", int(threads))
     h.setOptionValue("random_seed", 0)
+    h.setOptionValue("mip_heuristic_effort", float(heuristic_effort))
     cost = np.zeros(ncol)
     cost[:m] = gs.c_cost
     h.addVars(ncol, np.zeros(ncol), np.ones(ncol))
