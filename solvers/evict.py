@@ -7,9 +7,11 @@ Knowing the whole future, two families of schedules are tried under the budget:
    furthest-next-use rule weighted by the bytes freed and by what recomputing it will cost,
    evicted ancestors included); also with the recompute cost taken at the next use (ancestors
    freed by then count), and DTR's own score as a fallback.
-2. `solvers.local_search.GapSearch`: choose which values to drop between two of their uses
-   (recomputed right before the later use), as a cheapest cover of the memory excess over the
-   budget, improved by ruin-and-recreate until the time limit.
+2. `solvers.local_search`: choose which values to drop between two of their uses (recomputed
+   before the later use), as a cheapest cover of the memory excess over the budget: a greedy
+   cover improved by ruin-and-recreate for a fifth of the time limit, then the MILP of that
+   family (HiGHS), warm-started from it, for the rest. The MILP's bound holds for that family
+   only (info["drop_gap_family_bound"]), not for all schedules: no lower bound is claimed.
 
 Every candidate is replayed by the simulator; the cheapest within budget is returned (status
 HEURISTIC). The time limit (default 60 s) bounds the improvement phase; the first cover and the
@@ -103,5 +105,6 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     cost, name, sched = min(found, key=lambda f: f[0])
     info = {"method": name, "candidates": {n: c for c, n, _ in found},
             "search_iterations": getattr(gs, "iterations", 0),
-            "seconds": time.perf_counter() - t0, "drop_gap_milp": milp_status}
+            "seconds": time.perf_counter() - t0, "drop_gap_milp": milp_status,
+            "drop_gap_family_bound": family_bound}
     return Proposal(sched, Status.HEURISTIC, info=info)

@@ -240,7 +240,8 @@ class GapSearch:
 
 
 def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
-                  threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05) -> tuple[set[int] | None, float | None, str]:
+                  threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05
+                  ) -> tuple[set[int] | None, float | None, str]:
     """The cheapest drop set of the family by HiGHS; a kept input counts once, whatever needs it.
 
     The extensions of an input are merged: z[i, k] says that input i is kept past its last use
