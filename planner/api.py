@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -108,7 +109,7 @@ def node_modules(traced) -> dict[int, str]:
     return out
 
 
-def solver_graph(traced) -> Graph:
+def solver_graph(traced, inflate: set[int] | None = None) -> Graph:
     """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
 
     - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
@@ -121,6 +122,11 @@ def solver_graph(traced) -> Graph:
     - Each tangent (incoming gradient of an output) is a node of its own instead of fixed memory: it
       exists from the start of the backward, which is when autograd hands it over, to the end. It has
       no inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n + j`.
+    - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
+      keep theirs): each computation allocates them all, and this keeps every recomputation within the
+      peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
+      the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
+      op is not recomputable.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step.
     Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
@@ -146,17 +152,24 @@ def solver_graph(traced) -> Graph:
         for j, t in enumerate(tangents):
             if t in read:
                 readers[j].append(gid)
+    groups = solver_groups(traced)
+    secondary = secondary_outputs(traced)
     recs = []
     for nd in g.nodes:
         names = traced.node_map[nd.id]
         extra_inputs = [g.n + j for j, rs in readers.items() if nd.id in rs]
+        # A recomputation of a multi-output op allocates its secondary outputs again: a forward op's node
+        # counts them; a backward one (whose secondary outputs are weight gradients) is not recomputed.
+        multi = nd.id in secondary
+        counts = multi and not nd.backward and (inflate is None or nd.id in inflate)
+        extra_bytes = sum(int(g.nodes[i].bytes) for i in secondary[nd.id]) if counts else 0
         recs.append({
-            "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes),
+            "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes) + extra_bytes,
             "inputs": list(nd.inputs) + extra_inputs, "backward": nd.backward,
             "retain": any(nm in keep_names for nm in names),
-            "recomputable": not any(nm in user_out_names for nm in names),
+            "recomputable": not any(nm in user_out_names for nm in names) and not (multi and nd.backward),
         })
-    order = list(range(g.n))
+    order = list(groups)
     tangent_bytes = 0
     for j, t in enumerate(tangents):
         if not readers[j]:
@@ -171,6 +184,30 @@ def solver_graph(traced) -> Graph:
                                 name=g.name, order=order)
 
 
+def secondary_outputs(traced) -> dict[int, list[int]]:
+    """Traced node id of a multi-output op -> the ids of the nodes the trace made of its other outputs.
+
+    The trace makes each secondary output of a multi-output op (a pooling's indices, a layer norm's
+    statistics, a dropout's mask: a getitem) a node of its own, computed once. But every computation of
+    the op, a recomputation included, allocates all its outputs at once.
+    """
+    by_name = {n.name: n for n in traced.joint_module.graph.nodes}
+    group_of = {nm: gid for gid, names in traced.node_map.items() for nm in names}
+    out: dict[int, list[int]] = {}
+    for gid, names in traced.node_map.items():
+        nodes = [by_name[nm] for nm in names]
+        if nodes and all(n.target is operator.getitem for n in nodes):
+            sources = {group_of.get(n.args[0].name) for n in nodes}
+            if len(sources) == 1 and None not in sources and gid not in sources:
+                out.setdefault(sources.pop(), []).append(gid)
+    return out
+
+
+def solver_groups(traced) -> dict[int, list[int]]:
+    """Solver node label -> the traced node ids it runs (one each; the tangents run none)."""
+    return {gid: [gid] for gid in range(traced.graph.n)}
+
+
 def _strided_bytes(val) -> int:
     """Bytes of the storage a tensor of this shape and stride needs (what the trace counted for it)."""
     if val.numel() == 0:
@@ -179,9 +216,12 @@ def _strided_bytes(val) -> int:
     return int(span * val.element_size())
 
 
-def traced_sequence(graph: Graph, computes, num_traced_nodes: int) -> list[int]:
-    """A solver-graph compute sequence in traced node ids (tangent nodes dropped)."""
-    return [graph.labels[v] for v in computes if graph.labels[v] < num_traced_nodes]
+def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> list[int]:
+    """A solver-graph compute sequence in traced node ids (tangent nodes dropped, merged nodes expanded)."""
+    out: list[int] = []
+    for v in computes:
+        out.extend(groups.get(graph.labels[v], ()))
+    return out
 
 
 def budget_bytes_from_gb(budget_gb: float) -> int:
@@ -260,7 +300,8 @@ class Plan:
     traced: Any = field(default=None, repr=False)
     trace_seconds: float = 0.0
     reference_peak_bytes: int = 0
-    num_traced_nodes: int = 0  # solver-graph labels below this are trace node ids; the rest are tangents
+    groups: dict[int, list[int]] = field(default_factory=dict)  # solver label -> trace node ids (solver_groups)
+    inflated: set[int] = field(default_factory=set)  # nodes counting their secondary outputs (solver_graph)
 
     # ---- figures ------------------------------------------------------------------------------
     @property
@@ -270,7 +311,7 @@ class Plan:
     @property
     def compute_sequence(self) -> list[int]:
         """The computations in order, as node ids of the trace (what the executor runs)."""
-        return traced_sequence(self.graph, self.result.schedule.computes, self.num_traced_nodes)
+        return traced_sequence(self.graph, self.result.schedule.computes, self.groups)
 
     @property
     def budget_bytes(self) -> int:
@@ -342,7 +383,8 @@ class Plan:
             "modules": {str(k): v for k, v in self.modules.items()},
             "reference_peak_bytes": int(self.reference_peak_bytes),
             "trace_seconds": float(self.trace_seconds),
-            "num_traced_nodes": int(self.num_traced_nodes),
+            "groups": {str(k): v for k, v in self.groups.items()},
+            "inflated": sorted(self.inflated),
         }}
         return result_to_dict(self.graph, self.result, extra)
 
@@ -371,7 +413,8 @@ class Plan:
                    modules={int(k): v for k, v in meta.get("modules", {}).items()},
                    trace_seconds=float(meta.get("trace_seconds", 0.0)),
                    reference_peak_bytes=int(meta.get("reference_peak_bytes", 0)),
-                   num_traced_nodes=int(meta["num_traced_nodes"]))
+                   groups={int(k): [int(i) for i in v] for k, v in meta["groups"].items()},
+                   inflated={int(i) for i in meta.get("inflated", [])})
 
     # ---- applying -------------------------------------------------------------------------------
     def check_model(self, model: torch.nn.Module) -> None:
@@ -396,7 +439,7 @@ class Plan:
         self.check_inputs(inputs)
         cm = "flops" if self.cost_model != "flops" else self.cost_model  # structure does not depend on costs
         traced = trace_model(model, inputs, cm)
-        got = solver_graph(traced)
+        got = solver_graph(traced, self.inflated)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
             raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
@@ -432,14 +475,16 @@ def _resolve_cost_model(cost_model: str) -> str:
     return "time" if cost_model == "auto" else cost_model
 
 
-def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str]:
-    """The smallest budget a schedule is known to meet, and how that is known."""
+def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str, str | None]:
+    """The smallest budget a schedule is known to meet, how that is known, and the solver that met it."""
     t0 = time.perf_counter()
     try:
         from solvers.min_budget import min_budget
 
         mb = min_budget(graph, time_limit_s=time_limit_s)
-        return mb.budget_bytes, mb.proof
+        # the budget the solver was given when it met the minimum: planning at it reproduces the schedule
+        # (a greedy solver is not monotone in the budget, so its peak itself may not be reproducible)
+        return max(mb.budget_bytes, mb.result.budget_bytes), mb.proof, mb.result.solver
     except (ImportError, InfeasibleBudgetError, ScheduleError, SolverError):
         pass  # not installed, or a solver inside it failed: ask the solvers directly
     floor = graph.single_op_bound_bytes()
@@ -447,7 +492,7 @@ def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str
     for name in ("dtr", "checkpoint_all"):
         try:
             solve(graph, floor, name)
-            return floor, "single-operation bound, met by a schedule"
+            return floor, "single-operation bound, met by a schedule", name
         except InfeasibleBudgetError as e:
             if e.min_budget_bytes is not None:
                 named.append(e.min_budget_bytes)
@@ -457,16 +502,26 @@ def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str
         left = max(1.0, time_limit_s - (time.perf_counter() - t0))
         try:
             r = _solve(graph, b, "auto", left)
-            return r.peak_bytes, f"the least budget a heuristic named and met (single-operation bound {floor})"
+            return (r.peak_bytes, f"the least budget a heuristic named and met (single-operation bound {floor})",
+                    r.info.get("chosen") or r.solver)
         except RematError:
             continue
-    return None, "no solver met any budget"
+    return None, "no solver met any budget", None
+
+
+def smallest_budget(plan_or_traced, time_limit_s: float = 30.0) -> tuple[int | None, str | None]:
+    """(the smallest budget in bytes a schedule is known to meet, the solver that met it) for a Plan's
+    or a TraceResult's graph; (None, None) when nothing is known."""
+    traced = plan_or_traced.traced if isinstance(plan_or_traced, Plan) else plan_or_traced
+    if traced is None:
+        raise ValueError("a plan loaded from JSON holds no trace: pass the TraceResult of the model")
+    found, _, solver = _smallest_budget(solver_graph(traced), time_limit_s)  # the graph plan() solves
+    return found, solver
 
 
 def smallest_budget_bytes(plan_or_traced, time_limit_s: float = 30.0) -> int | None:
     """The smallest budget (bytes) a schedule is known to meet for a Plan's or a TraceResult's graph."""
-    graph = plan_or_traced.graph if isinstance(plan_or_traced, Plan) else solver_graph(plan_or_traced)
-    return _smallest_budget(graph, time_limit_s)[0]
+    return smallest_budget(plan_or_traced, time_limit_s)[0]
 
 
 def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str = "auto",
@@ -499,18 +554,22 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         result = _solve(graph, budget_bytes, solver, time_limit_s)
     except InfeasibleBudgetError as e:
         left = max(5.0, time_limit_s - (time.perf_counter() - t0))
-        smallest, how = _smallest_budget(graph, left)
+        smallest, how, _ = _smallest_budget(graph, left)
         if smallest is None and e.min_budget_bytes is not None:
             smallest, how = e.min_budget_bytes, e.reason
         gb = "unknown" if smallest is None else f"{smallest / GB:.9f} GB ({smallest} bytes)"
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,
             f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
+    # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
+    # the same computations on that graph (bytes only shrink, so it stays within the budget).
+    inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in secondary_outputs(traced)}
+    graph = solver_graph(traced, inflated)
     result = _free_at_last_use(graph, result)
-    compile_schedule(traced, traced_sequence(graph, result.schedule.computes, traced.graph.n))  # the executor can run it (raises otherwise)
-    return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm,
+    compile_schedule(traced, traced_sequence(graph, result.schedule.computes, solver_groups(traced)))  # the executor can run it (raises otherwise)
+    return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
-                reference_peak_bytes=reference_peak_bytes(graph), num_traced_nodes=traced.graph.n)
+                reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
 
 
 # Used only when "auto" fails because one of the solvers it tries returned an invalid schedule.

@@ -12,7 +12,7 @@ import pytest
 
 from graphs.simulate import reference_peak_bytes
 from planner import GB, plan
-from planner.api import smallest_budget_bytes
+from planner.api import smallest_budget
 from planner.measure import measure_peak_bytes, step_state
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, make, usable_registry
 
@@ -27,19 +27,19 @@ class Case:
         self.first = plan(self.model, self.x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
         self.ref = reference_peak_bytes(self.first.graph)
         self.eager = eager_state(self.model, self.x)
-        self._smallest = None
 
-    def budget(self, frac) -> int:
+    def budget(self, frac) -> tuple[int, str]:
+        """The budget in bytes, and the solver to plan it with."""
         if frac == "smallest":
-            if self._smallest is None:
-                self._smallest = smallest_budget_bytes(self.first, time_limit_s=TIME_LIMIT_S)
-            return self._smallest
-        return int(frac * self.ref)
+            found, solver = smallest_budget(self.first, time_limit_s=TIME_LIMIT_S)
+            assert found is not None
+            return found, solver
+        return int(frac * self.ref), "auto"
 
 
 def check(case: Case, frac) -> None:
-    budget = case.budget(frac)
-    p = plan(case.model, case.x, budget / GB, cost_model="flops", traced=case.first.traced,
+    budget, solver = case.budget(frac)
+    p = plan(case.model, case.x, budget / GB, solver=solver, cost_model="flops", traced=case.first.traced,
              time_limit_s=TIME_LIMIT_S)
     assert p.predicted_peak_bytes <= p.budget_bytes <= budget
     if frac != 1.0:

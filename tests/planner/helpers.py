@@ -11,12 +11,12 @@ from tests.models import MAKERS
 # Sizes chosen so that activations, not parameters, dominate the peak: then 50 % of checkpoint-all's peak
 # is a feasible budget for every model.
 CONFIGS = {
-    "mlp": dict(batch=256, depth=8),
+    "mlp": dict(batch=512, depth=16),
     "cnn": dict(batch=8, size=32),
     "gpt": dict(batch=2, seq=64, vocab=128, n_layers=4),
-    "unet": dict(batch=2, size=32),
+    "unet": dict(batch=1, size=64),
 }
-TIME_LIMIT_S = 5.0
+TIME_LIMIT_S = 3.0
 
 
 def make(name: str):
