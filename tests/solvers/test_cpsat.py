@@ -180,3 +180,18 @@ def test_family_form_round_trip():
     assert family_form(g, seq, 2) is None  # node 0 is computed three times
     assert family_form(g, [1, 0], 2) is None
     simulate(g, Schedule.from_sequence(g, seq))  # a valid schedule
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_greedy_warm_start_is_a_family_member_within_budget(seed):
+    from solvers.cpsat_greedy import best_greedy_sequence
+
+    g = random_training_graph(12, seed)
+    lo, hi = g.single_op_bound_bytes(), reference_peak_bytes(g)
+    assert best_greedy_sequence(g, hi) == list(range(g.n))  # nothing to evict at the reference peak
+    for b in range(lo, hi, max(1, (hi - lo) // 6)):
+        seq = best_greedy_sequence(g, b)
+        if seq is None:
+            continue
+        assert family_form(g, seq, 2) is not None
+        assert simulate(g, Schedule.from_sequence(g, seq)).peak_bytes <= b
