@@ -109,7 +109,7 @@ def node_modules(traced) -> dict[int, str]:
     return out
 
 
-def solver_graph(traced, inflate: set[int] | None = None) -> Graph:
+def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -> Graph:
     """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
 
     - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
@@ -127,6 +127,8 @@ def solver_graph(traced, inflate: set[int] | None = None) -> Graph:
       peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
       the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
       op is not recomputable.
+    - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
+      and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step.
     Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
@@ -171,15 +173,25 @@ def solver_graph(traced, inflate: set[int] | None = None) -> Graph:
         })
     order = list(groups)
     tangent_bytes = 0
+    loss_label = g.n + len(tangents)
+    out_groups = sorted({gid for gid, names in traced.node_map.items() if any(nm in user_out_names for nm in names)})
     for j, t in enumerate(tangents):
         if not readers[j]:
             continue
         nbytes = _strided_bytes(t.meta["val"])
         tangent_bytes += nbytes
-        recs.append({"id": g.n + j, "name": f"tangent_{j}", "cost": 0.0, "bytes": nbytes, "inputs": [],
+        recs.append({"id": g.n + j, "name": f"tangent_{j}", "cost": 0.0, "bytes": nbytes,
+                     "inputs": [loss_label] if loss_bytes else [],
                      "backward": True, "retain": True, "recomputable": False})
         first = min(readers[j])
         order.insert(order.index(first), g.n + j)
+    if loss_bytes:
+        # the loss's own temporaries (e.g. cross-entropy's log-softmax) live from the end of the forward
+        # until autograd hands the gradients over
+        recs.append({"id": loss_label, "name": "loss", "cost": 0.0, "bytes": int(loss_bytes), "inputs": out_groups,
+                     "backward": False, "retain": False, "recomputable": False})
+        first_tangent = next(k for k, lab in enumerate(order) if lab >= g.n)
+        order.insert(first_tangent, loss_label)
     return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + LOSS_RESERVE_BYTES,
                                 name=g.name, order=order)
 
@@ -302,6 +314,7 @@ class Plan:
     reference_peak_bytes: int = 0
     groups: dict[int, list[int]] = field(default_factory=dict)  # solver label -> trace node ids (solver_groups)
     inflated: set[int] = field(default_factory=set)  # nodes counting their secondary outputs (solver_graph)
+    loss_bytes: int = 0  # the loss function's temporaries (solver_graph)
 
     # ---- figures ------------------------------------------------------------------------------
     @property
@@ -385,6 +398,7 @@ class Plan:
             "trace_seconds": float(self.trace_seconds),
             "groups": {str(k): v for k, v in self.groups.items()},
             "inflated": sorted(self.inflated),
+            "loss_bytes": int(self.loss_bytes),
         }}
         return result_to_dict(self.graph, self.result, extra)
 
@@ -414,7 +428,8 @@ class Plan:
                    trace_seconds=float(meta.get("trace_seconds", 0.0)),
                    reference_peak_bytes=int(meta.get("reference_peak_bytes", 0)),
                    groups={int(k): [int(i) for i in v] for k, v in meta["groups"].items()},
-                   inflated={int(i) for i in meta.get("inflated", [])})
+                   inflated={int(i) for i in meta.get("inflated", [])},
+                   loss_bytes=int(meta.get("loss_bytes", 0)))
 
     # ---- applying -------------------------------------------------------------------------------
     def check_model(self, model: torch.nn.Module) -> None:
@@ -439,7 +454,7 @@ class Plan:
         self.check_inputs(inputs)
         cm = "flops" if self.cost_model != "flops" else self.cost_model  # structure does not depend on costs
         traced = trace_model(model, inputs, cm)
-        got = solver_graph(traced, self.inflated)
+        got = solver_graph(traced, self.inflated, self.loss_bytes)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
             raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
@@ -526,7 +541,7 @@ def smallest_budget_bytes(plan_or_traced, time_limit_s: float = 30.0) -> int | N
 
 def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str = "auto",
          cost_model: str = "auto", time_limit_s: float = 60.0, device_name: str | None = None,
-         traced=None) -> Plan:
+         traced=None, loss_fn=None) -> Plan:
     """Plan one training step of `model` on `sample_input` within `budget_gb` gigabytes (1 GB = 10^9 bytes).
 
     The budget covers everything one forward+backward holds at once: parameters, buffers, inputs, the
@@ -538,6 +553,9 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     cost_model: "flops", "time" (each op measured here), "roofline" (needs `device_name`), or "auto"
         (= "time").
     traced: a TraceResult from an earlier plan of this model and input (`Plan.traced`) to skip tracing.
+    loss_fn: the loss the training step computes from the output (`loss_fn(out)` -> scalar); its own
+        memory (measured once on the sample output) is planned for at the forward/backward boundary.
+        Without it, only a scalar loss is reserved for.
     Raises InfeasibleBudgetError (its message names the smallest feasible budget in GB) when nothing fits,
     graphs.trace.TraceError when the model cannot be traced.
     """
@@ -548,7 +566,8 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         traced = trace_model(model, inputs, cm, device_name)
     elif traced.model is not model:
         raise ValueError("`traced` belongs to another model object")
-    graph = solver_graph(traced)
+    loss_bytes = 0 if loss_fn is None else loss_workspace_bytes(model, inputs, loss_fn)
+    graph = solver_graph(traced, None, loss_bytes)
     t0 = time.perf_counter()
     try:
         result = _solve(graph, budget_bytes, solver, time_limit_s)
@@ -564,10 +583,11 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
     # the same computations on that graph (bytes only shrink, so it stays within the budget).
     inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in secondary_outputs(traced)}
-    graph = solver_graph(traced, inflated)
+    graph = solver_graph(traced, inflated, loss_bytes)
     result = _free_at_last_use(graph, result)
     compile_schedule(traced, traced_sequence(graph, result.schedule.computes, solver_groups(traced)))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
+                loss_bytes=loss_bytes,
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
 
@@ -616,6 +636,33 @@ def _solve(graph: Graph, budget_bytes: int, solver: str, time_limit_s: float) ->
             "tried": [r.solver for r in results] + [ie.solver + " (infeasible)" for ie in infeasible]}
     return SolveResult(best.schedule, status, "auto", budget_bytes, time.perf_counter() - t0, best.sim,
                        bound if bound is not None and bound <= best.total_cost * (1 + 1e-9) + 1e-9 else None, info)
+
+
+def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn) -> int:
+    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
+    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
+    from graphs.measure_memory import StorageTracker
+
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(), torch.no_grad():
+            out = model(*inputs)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+    from torch.utils._pytree import tree_map
+
+    leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
+                      if isinstance(t, torch.Tensor) else t, out)
+    tracker = StorageTracker()
+    with tracker:
+        loss = loss_fn(leaves)
+        loss.backward()
+    from torch.utils._pytree import tree_leaves as _leaves
+
+    grads = sum(_strided_bytes(t.grad) for t in _leaves(leaves) if isinstance(t, torch.Tensor) and t.grad is not None)
+    return max(0, int(tracker.peak_bytes) - grads)
 
 
 def _free_at_last_use(graph: Graph, result: SolveResult) -> SolveResult:
