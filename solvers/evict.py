@@ -88,12 +88,15 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         chosen = gs.solve(budget_bytes, deadline, seed=seed)
         if chosen is not None:
             consider("drop_gap", gs.sequence(chosen))
+        # chains of recomputation (helpers) pay off on training graphs; on the random layered
+        # graphs they only make the model larger and slower
+        helpers = any(nd.backward for nd in graph.nodes)
         if improve and use_milp and end - time.perf_counter() > 0.5:
             better, family_bound, milp_status = drop_gap_milp(gs, budget_bytes, end - time.perf_counter(),
                                                               warm=chosen, deadline=end,
-                                                              heuristic_effort=0.3)
+                                                              heuristic_effort=0.3, helpers=helpers)
             if better is not None:
-                consider("drop_gap_milp", gs.sequence(better))
+                consider("drop_gap_milp", gs.sequence(better, gs.helpers))
     if not found:
         def feasible(b: int) -> bool:
             if eng.run(b, belady_den, max_computes=4 * graph.n + 100) is not None:

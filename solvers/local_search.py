@@ -91,6 +91,7 @@ class GapSearch:
         m = len(self.c_u)
         self.m = m
         conf: list[set[int]] = [set() for _ in range(m)]
+        self.absent: list[tuple[int, int, int, int]] = []  # (c, j, i, r): drop j keeps input i of c absent at r
         for opts in gap_opts.values():  # one option per gap at most
             for _, c in opts:
                 conf[c].update(j for _, j in opts if j != c)
@@ -106,7 +107,11 @@ class GapSearch:
                         if r2 > r:
                             conf[c].add(j)
                             conf[j].add(c)
+                            self.absent.append((c, j, i, r))
         self.conf = conf
+        self.gap_groups = [[c for _, c in opts] for opts in gap_opts.values() if len(opts) > 1]
+        self.gap_opts = gap_opts
+        self.helpers: set[tuple[int, int]] = set()  # chosen by drop_gap_milp
         # for each step, the candidates whose span touches it (to re-cover a window quickly)
         touch: list[list[int]] = [[] for _ in range(n)]
         for c in range(m):
@@ -227,11 +232,22 @@ class GapSearch:
         return best
 
     # ---- output -------------------------------------------------------------------------------
-    def sequence(self, chosen: set[int]) -> list[int]:
-        """The reference order with each chosen drop's recomputation placed before its point r."""
+    def absent_at(self, chosen: set[int], i: int, r: int) -> bool:
+        """Whether a chosen drop keeps value i absent at step r."""
+        return any(self.c_u[c] == i and self.c_drop[c][0] <= r <= self.c_drop[c][1] for c in chosen)
+
+    def sequence(self, chosen: set[int], helpers: set[tuple[int, int]] = frozenset()) -> list[int]:
+        """The reference order with each chosen drop's recomputation placed before its point r.
+
+        helpers: (i, r) pairs: value i is also recomputed before step r for a recomputation there
+        that reads it, when a chosen drop keeps it absent at r (else it is resident already).
+        """
         before: dict[int, list[int]] = {}
         for c in chosen:
             before.setdefault(self.c_r[c], []).append(self.c_u[c])
+        for i, r in helpers:
+            if self.absent_at(chosen, i, r):
+                before.setdefault(r, []).append(i)
         seq: list[int] = []
         for t in range(self.n):
             seq.extend(sorted(before.get(t, ())))
@@ -240,8 +256,8 @@ class GapSearch:
 
 
 def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
-                  threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05
-                  ) -> tuple[set[int] | None, float | None, str]:
+                  threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05,
+                  helpers: bool = False) -> tuple[set[int] | None, float | None, str]:
     """The cheapest drop set of the family by HiGHS; a kept input counts once, whatever needs it.
 
     The extensions of an input are merged: z[i, k] says that input i is kept past its last use
@@ -249,7 +265,11 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     least every chosen drop that needs it that far). This model is exact for the union of the
     extensions, so its peak bounds the simulated one from above like the greedy's model.
     deadline: a time.perf_counter() value; the solver's own limit is cut to end by then, so the
-    model building counts against the time. Returns (drop set or None, the solver's lower bound on the family's cost or None, status text).
+    model building counts against the time.
+    helpers: a drop may also read an input that another drop keeps absent at its point r, if that
+    input is recomputed once more before r (a *helper*, whose own inputs must then be resident);
+    the helpers chosen are left in gs.helpers for `gs.sequence(chosen, gs.helpers)`.
+    Returns (drop set or None, the solver's lower bound on the family's cost or None, status text);
     None when highspy is not installed or no solution was found within the time limit.
     """
     try:
@@ -258,12 +278,31 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
         return None, None, "highspy not installed"
     n, m = gs.n, gs.m
     size = gs.graph.sizes
+    gs.helpers = set()
     if (gs.mem0 - int(budget_bytes)).max(initial=0) <= 0:
         return set(), 0.0, "Optimal"  # nothing to drop: costs are >= 0
     points: dict[int, list[int]] = {}
     for c in range(m):
         for i in gs.c_ext[c]:
             points.setdefault(i, []).append(gs.c_r[c])
+    # helpers: (i, r) -> column of "recompute i again before r" (for a drop that reads i there
+    # while another drop keeps i absent); a helper's inputs must be resident at r in turn
+    end = gs.last_use
+    helper_keys = sorted({(i, r) for _, _, i, r in gs.absent}) if helpers else []
+    helper_ext: dict[tuple[int, int], list[int]] = {}
+    helper_conf: dict[tuple[int, int], list[int]] = {}
+    for i, r in helper_keys:
+        ext = [j for j in gs.graph.inputs[i] if end[j] < r]
+        helper_ext[(i, r)] = ext
+        for j in ext:
+            points.setdefault(j, []).append(r)
+        confl = []
+        for j in gs.graph.inputs[i]:
+            a = gs.uses[j]
+            k = int(np.searchsorted(a, r)) - 1
+            if 0 <= k < len(a) - 1 and a[k] < r < a[k + 1]:
+                confl.extend(c2 for r2, c2 in gs.gap_opts.get((j, k), ()) if r2 > r)
+        helper_conf[(i, r)] = confl
     zcol: dict[tuple[int, int], int] = {}  # (input, point) -> column
     col = m
     seg_rows: list[list[tuple[int, float]]] = [[] for _ in range(n)]
@@ -279,6 +318,10 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
                 chain_pairs.append((col - 1, col))
             prev = r
             col += 1
+    hcol = {key: col + k for k, key in enumerate(helper_keys)}
+    for (i, r), hc in hcol.items():
+        seg_rows[r].append((hc, float(size[i])))
+    col += len(helper_keys)
     ncol = col
     excess = gs.mem0 - int(budget_bytes)
     for c in range(m):
@@ -301,9 +344,11 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     cost = np.zeros(ncol)
     cost[:m] = gs.c_cost
     h.addVars(ncol, np.zeros(ncol), np.ones(ncol))
+    for (i, r), hc in hcol.items():
+        cost[hc] = gs.graph.nodes[i].cost
     h.changeColsCost(ncol, np.arange(ncol, dtype=np.int32), cost)
-    h.changeColsIntegrality(m, np.arange(m, dtype=np.int32),
-                            np.array([highspy.HighsVarType.kInteger] * m))
+    integer = np.array(list(range(m)) + sorted(hcol.values()), dtype=np.int32)
+    h.changeColsIntegrality(len(integer), integer, np.array([highspy.HighsVarType.kInteger] * len(integer)))
     lower, upper, starts, index, value = [], [], [], [], []
 
     def row(lo: float, up: float, entries) -> None:
@@ -324,10 +369,15 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
             row(-inf, 0.0, [(c, 1.0), (zcol[(i, gs.c_r[c])], -1.0)])
     for a, b in chain_pairs:
         row(0.0, inf, [(a, 1.0), (b, -1.0)])
-    for c in range(m):
-        for j in gs.conf[c]:
-            if c < j:
-                row(-inf, 1.0, [(c, 1.0), (j, 1.0)])
+    for group in gs.gap_groups:
+        row(-inf, 1.0, [(c, 1.0) for c in group])
+    for c, j, i, r in gs.absent:  # c reads i at r while j keeps i absent: only with a helper
+        row(-inf, 1.0, [(c, 1.0), (j, 1.0)] + ([(hcol[(i, r)], -1.0)] if helpers else []))
+    for key, hc in hcol.items():
+        for j in helper_ext[key]:
+            row(-inf, 0.0, [(hc, 1.0), (zcol[(j, key[1])], -1.0)])
+        for c2 in helper_conf[key]:
+            row(-inf, 1.0, [(hc, 1.0), (c2, 1.0)])
     h.addRows(len(lower), np.array(lower), np.array(upper), len(index), np.array(starts, dtype=np.int32),
               np.array(index, dtype=np.int32), np.array(value))
     if warm:
@@ -352,6 +402,7 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     if info.primal_solution_status != 2:  # kSolutionStatusFeasible
         return None, bound, status
     xs = h.getSolution().col_value
+    gs.helpers = {key for key, hc in hcol.items() if xs[hc] > 0.5}
     return {c for c in range(m) if xs[c] > 0.5}, bound, status
 
 

@@ -62,22 +62,24 @@ def test_evict_respects_its_time_limit(bench_dir):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=st.one_of(st.builds(random_dag, st.integers(2, 12), st.integers(0, 10**6)),
                        st.builds(random_training_graph, st.integers(1, 6), st.integers(0, 10**6))),
-       frac=st.floats(0.5, 1.0))
-def test_drop_gap_milp_is_valid_and_no_worse_than_the_search(graph, frac):
+       frac=st.floats(0.5, 1.0), helpers=st.booleans())
+def test_drop_gap_milp_is_valid_and_no_worse_than_the_search(graph, frac, helpers):
     from solvers.local_search import drop_gap_milp
 
     budget = int(frac * reference_peak_bytes(graph))
     gs = GapSearch(graph)
     found = gs.solve(budget, 0.0)
-    chosen, bound, status = drop_gap_milp(gs, budget, 5.0, warm=found)
+    chosen, bound, status = drop_gap_milp(gs, budget, 5.0, warm=found, helpers=helpers)
     if found is not None:
         # the search's model counts shared extensions once per drop: its sets are feasible for the MILP
         assert chosen is not None
     if chosen is None:
         return
-    sim = simulate(graph, Schedule.from_sequence(graph, gs.sequence(chosen)))
+    sim = simulate(graph, Schedule.from_sequence(graph, gs.sequence(chosen, gs.helpers)))
     assert sim.peak_bytes <= budget
-    assert sim.total_cost == graph.total_cost + gs.cost(chosen)
+    extra = sum(graph.costs[i] for i, _ in gs.helpers)  # a helper is skipped where not needed
+    assert graph.total_cost + gs.cost(chosen) - 1e-9 <= sim.total_cost
+    assert sim.total_cost <= graph.total_cost + gs.cost(chosen) + extra + 1e-9
     if status == "Optimal":
         assert bound is not None and bound <= gs.cost(chosen) + 1e-6
         if found is not None:
