@@ -41,8 +41,8 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
-from solvers.stage_model import (free_matrix, modeled_memory, ratio_kept_sequences, sequence_from_stages,
-                                 stage_cost, stages_from_sequence)
+from solvers.stage_model import (free_matrix, modeled_memory, project_to_stage_family, ratio_kept_sequences,
+                                 sequence_from_stages, stage_cost, stages_from_sequence)
 
 BACKENDS = ("highs", "cbc")
 FAMILY = "frontier-advancing stages (first computations in the reference order, each node at most once per stage)"
@@ -399,12 +399,14 @@ def run_backend(model: StageMILP, backend: str, time_limit_s: float | None, mip_
 # ---- the solver --------------------------------------------------------------------------------------------
 def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, backend: str = "highs",
          mip_gap: float = 0.01, threads: int | None = None, warm_start: bool = True,
-         tighten: bool = True) -> Proposal:
+         tighten: bool = True, start_sequences: list | None = None) -> Proposal:
     """Minimum-cost schedule of the stage family within `budget_bytes` (bytes), by the Checkmate MILP.
 
     time_limit_s covers building and solving. mip_gap: relative gap on the recomputation cost at which the
     backend stops (OPTIMAL then means optimal within that gap; lower_bound_cost is the backend's best bound,
     over the stage family). threads: the backend's thread count (None: its default).
+    start_sequences: more warm-start candidates (compute sequences from any solver, e.g. the schedules of
+    other heuristics); each is projected onto the stage family and used if it still fits the budget.
     Raises InfeasibleBudgetError (below the single-operation bound, or when the model is proven infeasible:
     min_budget_bytes is then the smallest peak a baseline schedule reaches), NoSolutionInTimeError (limit
     reached without any schedule), SolverError (a backend failure).
@@ -425,7 +427,8 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
         start, start_name = None, None
         if warm_start:
             if attempt == 0:
-                found = sorted([*found, *_ratio_starts(graph, budget_bytes)], key=lambda x: x[0])
+                extra = _ratio_starts(graph, budget_bytes) + _given_starts(graph, budget_bytes, start_sequences)
+                found = sorted([*found, *extra], key=lambda x: x[0])
             for cost, bname, seq in found:
                 start = start_values(model, seq)
                 if start is not None:
@@ -483,6 +486,19 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
         info["model_cost"] = stage_cost(graph, R)
         return Proposal(sched, status, bound, info)
     raise SolverError(f"{name}: solutions kept exceeding the budget after tolerance retries")
+
+
+def _given_starts(graph: Graph, budget_bytes: int, sequences) -> list[tuple[float, str, list[int]]]:
+    """Caller-supplied sequences projected onto the stage family, those that fit, as (cost, name, sequence)."""
+    out = []
+    for k, seq in enumerate(sequences or ()):
+        proj = project_to_stage_family(graph, seq)
+        if proj is None:
+            continue
+        sim = simulate(graph, Schedule.from_sequence(graph, proj))
+        if sim.peak_bytes <= budget_bytes:
+            out.append((sim.total_cost, f"given_{k}", proj))
+    return out
 
 
 def _ratio_starts(graph: Graph, budget_bytes: int) -> list[tuple[float, str, list[int]]]:

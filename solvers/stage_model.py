@@ -184,3 +184,26 @@ def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32) -> list[list[in
         R = recompute_for_kept(graph, S)
         out.append(sequence_from_stages(graph, R, S))
     return out
+
+
+def project_to_stage_family(graph: Graph, sequence: Sequence[int]) -> list[int] | None:
+    """The stage-family sequence closest to `sequence`: between the first computations of t-1 and t, the
+    nodes it (re)computes are kept once each, in ascending order. None when its first computations are not in
+    ascending id order (then no stage of the family matches them). Memory may differ: simulate the result."""
+    seen = 0  # next node expected to be computed for the first time
+    out: list[int] = []
+    pending: set[int] = set()
+    for v in sequence:
+        v = int(v)
+        if v == seen:
+            out.extend(sorted(pending))
+            out.append(v)
+            pending.clear()
+            seen += 1
+        elif v < seen:
+            pending.add(v)
+        else:
+            return None
+    if seen != graph.n:
+        return None
+    return out

@@ -211,3 +211,27 @@ def test_segnet_08_reaches_the_optimum(bench_dir):
     assert res.status is Status.OPTIMAL
     assert res.overhead <= 0.00208  # 0.207 %: the stage-family optimum (Moccasin's C=2 optimum is 0.21 %)
     assert res.total_cost - res.lower_bound_cost <= 0.01 * (res.total_cost - g.total_cost) + 1e-6
+
+
+def test_given_start_sequences_are_projected_and_used():
+    from solvers.stage_model import project_to_stage_family
+
+    g = linear_training_graph(6)
+    b = 5
+    opt = solve(g, b, "milp", mip_gap=0.0)
+    seq = opt.schedule.computes
+    assert project_to_stage_family(g, seq) == seq  # already in the family
+    assert any(a > b for a, b in zip(seq, seq[1:]))  # it recomputes something
+    # the same computations with each stage's recomputations reversed and repeated: projected back
+    messy, pending, nxt = [], [], 0
+    for v in seq:
+        if v == nxt:
+            messy += pending[::-1] + pending + [v]
+            pending, nxt = [], nxt + 1
+        else:
+            pending.append(v)
+    assert messy != seq and project_to_stage_family(g, messy) == seq
+    assert project_to_stage_family(g, [1, 0] + list(range(2, g.n))) is None  # 1 first: not in the family
+    res = solve(g, b, "milp", mip_gap=0.0, start_sequences=[seq, list(reversed(range(g.n)))])
+    assert res.info["warm_start"] in ("given_0", *BASELINES, "cost_per_byte_keep")
+    assert res.total_cost == opt.total_cost
