@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from graphs.errors import InfeasibleBudgetError  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
 from planner.api import solver_graph, trace_model  # noqa: E402
@@ -37,15 +38,22 @@ def main() -> None:
     t_trace = time.perf_counter() - t0
     ref = reference_peak_bytes(solver_graph(traced))
     budget = args.frac * ref
-    t1 = time.perf_counter()
-    p = plan(model, x, budget / GB, cost_model=args.cost_model, time_limit_s=args.time_limit, traced=traced)
-    t_plan = time.perf_counter() - t1
     print(f"GPT-2-small shape (12 layers, d_model 768, 12 heads, seq 256, batch 1, vocab 50257), "
-          f"{traced.aten_node_count} aten ops -> {traced.graph.n} nodes, cost model {cm}")
-    print(f"trace {t_trace:.1f} s + plan (solve and checks) {t_plan:.1f} s = {t_trace + t_plan:.1f} s")
-    print(f"checkpoint-all peak {ref / GB:.3f} GB, budget {budget / GB:.3f} GB ({args.frac:.0%}), "
-          f"predicted peak {p.predicted_peak_bytes / GB:.3f} GB, overhead {100 * p.overhead:.2f}%, "
-          f"status {p.status.value}, solver {p.solver}")
+          f"{traced.aten_node_count} aten ops -> {traced.graph.n} nodes, cost model {cm}; traced in {t_trace:.1f} s")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(f"checkpoint-all peak {ref / GB:.3f} GB; parameters alone {params / GB:.3f} GB (and as much for their "
+          f"gradients); single-operation bound {solver_graph(traced).single_op_bound_bytes() / GB:.3f} GB")
+    t1 = time.perf_counter()
+    try:
+        p = plan(model, x, budget / GB, cost_model=args.cost_model, time_limit_s=args.time_limit, traced=traced)
+        outcome = (f"predicted peak {p.predicted_peak_bytes / GB:.3f} GB, overhead {100 * p.overhead:.2f}%, "
+                   f"status {p.status.value}, solver {p.solver}")
+    except InfeasibleBudgetError as e:
+        outcome = f"InfeasibleBudgetError: {e}"
+    t_plan = time.perf_counter() - t1
+    print(f"budget {budget / GB:.3f} GB ({args.frac:.0%} of checkpoint-all): plan() {t_plan:.1f} s, "
+          f"trace + plan {t_trace + t_plan:.1f} s")
+    print(outcome)
 
 
 if __name__ == "__main__":
