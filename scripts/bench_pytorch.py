@@ -110,7 +110,7 @@ def main() -> None:
         eager = copy.deepcopy(model)
         ref_state = step_state(copy.deepcopy(model), x, seed=3)
         ckpt = with_block_checkpoints(model, name)
-        p_ckpt = measure_peak_bytes(ckpt, x)
+        p_ckpt = measure_peak_bytes(with_block_checkpoints(model, name), x)  # a twin: ckpt stays unstepped
         first = plan(model, x, 1000.0, time_limit_s=args.time_limit)
         ours_ckpt = plan(model, x, p_ckpt / GB, time_limit_s=args.time_limit, traced=first.traced)
         mods = {
@@ -122,17 +122,20 @@ def main() -> None:
         try:
             pt, _ = with_memory_budget_partitioner(model, x, args.budget)
             p_pt = measure_peak_bytes(pt, x)
+            pt, _ = with_memory_budget_partitioner(model, x, args.budget)  # a fresh one for the equality check
             ours_pt = plan(model, x, p_pt / GB, time_limit_s=args.time_limit, traced=first.traced)
             mods[pt_label] = pt
             mods["planner @ partitioner's peak"] = ours_pt.apply(copy.deepcopy(model))
         except Exception as e:  # PyTorch's capture refuses some models (e.g. tied weights)
             reason = str(e).splitlines()[0][:90]
             rows.append((name, pt_label, float("nan"), float("nan"), float("nan"), None, None, reason))
+        # gradients and buffers of each module's first step (before the measurements below step them again)
+        states = {label: step_state(m, x, seed=3) for label, m in mods.items()}
         times = interleaved_step_seconds(mods, x, repeats=args.repeats, warmup=1)
         base = times["eager"].median_s
         for label, m in mods.items():
             peak = measure_peak_bytes(m, x)
-            st = step_state(m, x, seed=3)
+            st = states[label]
             if label.startswith("planner"):
                 st = strip_prefix(st, "module.")
             elif label.startswith("PyTorch"):
