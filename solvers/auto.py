@@ -84,9 +84,13 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             exact = None  # optimal only within its family: keep looking
     if exact is None and exact_name is not None and remaining() >= 1.0:
         options = {}
-        if exact_name == "cpsat" and results:
-            # CP-SAT takes the best schedule so far as its hint when it lies in its family.
-            options["hint_sequence"] = min(results, key=lambda r: r.total_cost).schedule.computes
+        if results:
+            # The exact solvers start from the schedules found so far (where those lie in their family).
+            ranked = sorted(results, key=lambda r: r.total_cost)
+            if exact_name == "cpsat":
+                options["hint_sequence"] = ranked[0].schedule.computes
+            else:
+                options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         exact = attempt(exact_name, remaining(), **options)
     if not results:
         proofs = [f"{e.solver}: {e.reason}" for e in infeasible if e.solver in ("milp", "cpsat", "chain_dp")]
@@ -103,16 +107,27 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
 def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None) -> Proposal:
     best = min(results, key=lambda r: (r.total_cost, r.peak_bytes))
     bound = exact.lower_bound_cost if exact is not None else None
-    if bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
-        status = Status.OPTIMAL
-    elif exact is not None and best is exact:
-        status = exact.status
-    elif exact is not None and exact.status is Status.OPTIMAL and best.total_cost <= exact.total_cost:
+    bound_note = None
+    if bound is not None and best.total_cost < bound * (1 - 1e-9) - 1e-9:
+        # The exact solvers bound their own schedule family only; a schedule outside it beat the bound,
+        # so no lower bound is known for the whole problem.
+        bound_note = (f"{exact.solver}'s bound {bound:.6g} holds for its schedule family only; "
+                      f"{best.solver}'s schedule lies outside it and costs less")
+        bound = None
+    if bound_note:
+        status = Status.HEURISTIC  # cheaper than the family optimum: no proof covers it
+    elif exact is not None and exact.status is Status.OPTIMAL:
+        status = Status.OPTIMAL  # best costs at most the proven (within-gap) optimum and at least its bound
+    elif bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
         status = Status.OPTIMAL
     else:
         status = Status.FEASIBLE if exact is not None else Status.HEURISTIC
     info = {"chosen": best.solver, "tried": tried,
             "bound_from": exact.solver if exact is not None and bound is not None else None}
+    if bound is not None and exact is not None and exact.info.get("family"):
+        info["bound_scope"] = f"schedules of the family: {exact.info['family']}"
+    if bound_note:
+        info["bound_note"] = bound_note
     if best.info:
         info["chosen_info"] = {k: v for k, v in best.info.items() if k != "kept"}
     return Proposal(best.schedule, status, lower_bound_cost=bound, info=info)
