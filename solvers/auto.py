@@ -27,6 +27,7 @@ FAST_HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr")
 # Share of the remaining time the improving eviction heuristic gets before an exact solver starts.
 EVICT_SHARE_WITH_EXACT = 0.25
 EVICT_SHARE_ALONE = 0.95
+SAFETY_S, SAFETY_SHARE = 5.0, 0.08
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -39,6 +40,8 @@ def _is_chain(graph: Graph) -> bool:
 
 def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
+    limit -= min(SAFETY_S, SAFETY_SHARE * limit)
     t0 = time.perf_counter()
     check_budget_floor(graph, budget_bytes, "auto")
     tried: list[dict] = []
