@@ -572,7 +572,8 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     try:
         result = _solve(graph, budget_bytes, solver, time_limit_s)
     except InfeasibleBudgetError as e:
-        left = max(5.0, time_limit_s - (time.perf_counter() - t0))
+        # naming the minimum need not cost the whole time limit again
+        left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
         smallest, how, _ = _smallest_budget(graph, left)
         if smallest is None and e.min_budget_bytes is not None:
             smallest, how = e.min_budget_bytes, e.reason
