@@ -10,9 +10,12 @@ The sequence is split where the first value that depends on a tangent (an incomi
 computed: what comes before is the forward module, what comes after is the backward module. Values
 of the forward module that the backward reads are handed over ("stashed") and freed by the backward
 at their last use (the backward takes its arguments boxed in a list that it clears, so nothing else
-keeps them alive). A forward output, an updated buffer and a random op (dropout) must be computed
-before the split, random ops in the order eager PyTorch draws them; `compile_schedule` checks this
-and raises ExecutorError otherwise.
+keeps them alive). A forward output, an updated buffer and the first computation of a random op
+(dropout) must come before the split, random ops in the order eager PyTorch draws them;
+`compile_schedule` checks this and raises ExecutorError otherwise. A random op may be recomputed:
+the generator state is saved before its first computation and replayed around every recomputation
+(then restored), so the recomputed mask is bitwise the first one and the global RNG stream is
+untouched.
 
 `PlannedModule` wraps the original model: parameters, buffers and state_dict are the model's own, the
 forward runs the planned step through `_PlannedStep` (a torch.autograd.Function), updated buffers are

@@ -29,16 +29,17 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--cost-model", default="auto")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=50257)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, x = make_gpt(batch=1, seq=256, vocab=50257, d_model=768, n_heads=12, n_layers=12)
+    model, x = make_gpt(batch=1, seq=256, vocab=args.vocab, d_model=768, n_heads=12, n_layers=12)
     t0 = time.perf_counter()
     cm = "time" if args.cost_model == "auto" else args.cost_model
     traced = trace_model(model, (x,), cm)
     t_trace = time.perf_counter() - t0
     ref = reference_peak_bytes(solver_graph(traced))
     budget = args.frac * ref
-    print(f"GPT-2-small shape (12 layers, d_model 768, 12 heads, seq 256, batch 1, vocab 50257), "
+    print(f"GPT-2-small shape (12 layers, d_model 768, 12 heads, seq 256, batch 1, vocab {args.vocab}), "
           f"{traced.aten_node_count} aten ops -> {traced.graph.n} nodes, cost model {cm}; traced in {t_trace:.1f} s")
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"checkpoint-all peak {ref / GB:.3f} GB; parameters alone {params / GB:.3f} GB (and as much for their "

@@ -26,8 +26,9 @@ from tests.models import MAKERS  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}
     print("| model | eager step (ms) | planned step, 100 % budget (ms) | planned / eager |")
     print("|---|---:|---:|---:|")
