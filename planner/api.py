@@ -228,6 +228,16 @@ def _strided_bytes(val) -> int:
     return int(span * val.element_size())
 
 
+def _split_position(graph: Graph, computes, groups: dict[int, list[int]]) -> int:
+    count = 0
+    for v in computes:
+        ids = groups.get(graph.labels[v])
+        if ids is None:
+            break
+        count += len(ids)
+    return count
+
+
 def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> list[int]:
     """A solver-graph compute sequence in traced node ids (tangent nodes dropped, merged nodes expanded)."""
     out: list[int] = []
@@ -325,6 +335,12 @@ class Plan:
     def compute_sequence(self) -> list[int]:
         """The computations in order, as node ids of the trace (what the executor runs)."""
         return traced_sequence(self.graph, self.result.schedule.computes, self.groups)
+
+    @property
+    def split_position(self) -> int:
+        """How many computations of `compute_sequence` run in the forward: those before the schedule's first
+        node that is not the model's (the loss or a tangent)."""
+        return _split_position(self.graph, self.result.schedule.computes, self.groups)
 
     @property
     def budget_bytes(self) -> int:
@@ -476,7 +492,7 @@ class Plan:
             traced = self._trace_for(model, _as_inputs(sample_input))
         module = PlannedModule(model, self, traced)
         if traced is not None:
-            compile_schedule(traced, self.compute_sequence)  # fail now, not at the first step
+            compile_schedule(traced, self.compute_sequence, self.split_position)  # fail now, not at the first step
         return module
 
 
@@ -586,7 +602,9 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in secondary_outputs(traced)}
     graph = solver_graph(traced, inflated, loss_bytes)
     result = _free_at_last_use(graph, result)
-    compile_schedule(traced, traced_sequence(graph, result.schedule.computes, solver_groups(traced)))  # the executor can run it (raises otherwise)
+    groups = solver_groups(traced)
+    compile_schedule(traced, traced_sequence(graph, result.schedule.computes, groups),
+                     _split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
                 loss_bytes=loss_bytes,
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,

@@ -125,10 +125,13 @@ def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
     return cache
 
 
-def compile_schedule(traced, sequence: Sequence[int]) -> CompiledStep:
+def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) -> CompiledStep:
     """Build the forward and backward fx modules that run `sequence` (graph node ids, recomputations
-    repeated) of `traced` (a TraceResult). Raises ExecutorError if the sequence cannot run as a
-    training step (see the module docstring)."""
+    repeated) of `traced` (a TraceResult). The backward begins at position `split` of the sequence
+    (default and upper limit: the first computation that depends on a tangent); the planner passes the
+    position where its schedule hands over to the loss, so that nothing the schedule computes after the
+    loss runs before it. Raises ExecutorError if the sequence cannot run as a training step (see the
+    module docstring)."""
     gm = traced.joint_module
     by_name = _by_name(gm)
     phs = _placeholders(gm.graph)
@@ -139,7 +142,11 @@ def compile_schedule(traced, sequence: Sequence[int]) -> CompiledStep:
     members = {gid: [by_name[name] for name in names] for gid, names in traced.node_map.items()}
     seq = [int(v) for v in sequence]
 
-    split = next((p for p, v in enumerate(seq) if any(m in dep for m in members[v])), len(seq))
+    first_dep = next((p for p, v in enumerate(seq) if any(m in dep for m in members[v])), len(seq))
+    if split is not None and split > first_dep:
+        raise ExecutorError(f"the backward cannot begin at computation {split}: computation {first_dep} already "
+                            "needs the incoming gradient")
+    split = first_dep if split is None else split
     outs = _output_nodes(gm)
     kinds = traced.output_kinds
     _check_forward_part(traced, seq, split, members, outs, kinds, fx_index)
@@ -432,7 +439,7 @@ class PlannedModule(torch.nn.Module):
         if self._traced is None:
             self._traced = self._plan._trace_for(self.module, inputs)
         if self._runner is None:
-            step = compile_schedule(self._traced, self._plan.compute_sequence)
+            step = compile_schedule(self._traced, self._plan.compute_sequence, self._plan.split_position)
             device = inputs[0].device if inputs else next(self.module.parameters()).device
             self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
 

@@ -101,8 +101,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.5, help="activation_memory_budget of PyTorch's partitioner")
     ap.add_argument("--time-limit", type=float, default=20.0)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rows = []
     for name in args.models:
         t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from tests.models import MAKERS  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}

@@ -40,8 +40,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0, help="solver seconds per budget")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per module")
     ap.add_argument("--cost-model", default="auto")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args(argv[1:])
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
 
     model, tokens = make_gpt_demo()
     loss_fn = lambda logits: gpt_loss(logits, tokens)  # noqa: E731
