@@ -31,7 +31,7 @@ def sequence_from_kept(graph: Graph, kept: Iterable[int]) -> list[int]:
     n = graph.n
     keep = set(kept) | always_kept(graph)
     inputs, users = graph.inputs, graph.users
-    last_use = [max(u) if u else i for i, u in enumerate(users)]
+    last_use = _last_needed(graph)
     last_fwd_use = [max((x for x in u if not graph.nodes[x].backward), default=-1) for u in users]
     retained = set(graph.retained)
     resident: set[int] = set()
@@ -65,6 +65,25 @@ def sequence_from_kept(graph: Graph, kept: Iterable[int]) -> list[int]:
             resident.discard(v)
             recomputed.discard(v)
     return seq
+
+
+def _last_needed(graph: Graph) -> list[int]:
+    """For each node, the last stage at which its value may be needed.
+
+    A recomputable value is needed up to its last use. A value that cannot be recomputed must also outlive every
+    recomputation that may read it: a recomputable forward user may be recomputed as late as its own last use, and
+    so on down that user's recomputable forward descendants. Backward values are never recomputed here (each is
+    resident until its last use, and only backward nodes read them), so the chain stops at the backward pass.
+    """
+    n = graph.n
+    last_use = [max(u) if u else i for i, u in enumerate(graph.users)]
+    cone = list(last_use)
+    for u in reversed(range(n)):
+        for w in graph.users[u]:
+            nd = graph.nodes[w]
+            if nd.recomputable and not nd.backward:
+                cone[u] = max(cone[u], cone[w])
+    return [cone[v] if not graph.nodes[v].recomputable else last_use[v] for v in range(n)]
 
 
 def schedule_from_kept(graph: Graph, kept: Iterable[int]) -> Schedule:
