@@ -124,6 +124,10 @@ def lp_round(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = No
             lowest_peak = sim.peak_bytes if lowest_peak is None else min(lowest_peak, sim.peak_bytes)
             if sim.peak_bytes <= budget_bytes and (best is None or (sim.total_cost, sim.peak_bytes) < best[:2]):
                 best = (sim.total_cost, sim.peak_bytes, sched, frac)
+    for b_cost, b_name, b_seq in found:  # baselines that fit stay candidates: never return worse than them
+        if best is None or b_cost < best[0]:
+            b_sched = Schedule.from_sequence(graph, b_seq)
+            best = (b_cost, simulate(graph, b_sched).peak_bytes, b_sched, f"baseline {b_name}")
     if best is None:
         known = [x for x in (lowest_peak, baseline_min) if x is not None]
         raise InfeasibleBudgetError(budget_bytes, min(known) if known else None, "lp_round",
