@@ -27,7 +27,7 @@ FAST_HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr")
 # Share of the remaining time the improving eviction heuristic gets before an exact solver starts.
 EVICT_SHARE_WITH_EXACT = 0.25
 EVICT_SHARE_ALONE = 0.95
-SAFETY_S, SAFETY_SHARE = 5.0, 0.08
+SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 
 
 def _is_chain(graph: Graph) -> bool:
