@@ -1,7 +1,7 @@
 """Compare solvers over benchmark graphs and budget multipliers.
 
-Writes <out>/results.json, <out>/results.md (overhead %, peak/budget, status, lower bound, gap, seconds) and
-<out>/overhead_vs_budget.png (one panel per graph, one curve per solver, the lower bound as a band).
+Writes <out>/results.json, <out>/results.md (overhead %, peak/budget, status, lower bound, gap, seconds),
+<out>/pivot.md (one column per solver) and <out>/overhead_vs_budget.png (one panel per graph, one curve per solver, the lower bound as a band).
 
     .venv/bin/python scripts/compare_solvers.py --graphs vgg16 unet --solvers auto chen_greedy \
         --multipliers 1.0 0.9 0.8 --time-limit 60 --out results/compare
@@ -103,6 +103,32 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def pivot(rows: list[dict]) -> str:
+    """One row per graph and budget, one column per solver: overhead (auto also with its status and gap)."""
+    solvers = list(dict.fromkeys(r["solver"] for r in rows))
+    keys = list(dict.fromkeys((r["graph"], str(r["multiplier"])) for r in rows))
+    cell = {(r["graph"], str(r["multiplier"]), r["solver"]): r for r in rows}
+    out = ["| graph | budget | " + " | ".join(solvers) + " |", "| --- | --- |" + " --- |" * len(solvers)]
+    for g, m in keys:
+        frac = next(r["budget_fraction"] for r in rows if r["graph"] == g and str(r["multiplier"]) == m)
+        label = m if m != "min" else f"min ({frac:.3f})"
+        vals = []
+        for s in solvers:
+            r = cell.get((g, m, s))
+            if r is None:
+                vals.append("")
+            elif "overhead" in r:
+                v = f"{100 * r['overhead']:.2f} %"
+                if s == "auto":
+                    gap = "" if r.get("gap") is None else f", gap {100 * r['gap']:.2f} %"
+                    v += f" ({r['status']}{gap}, {r['seconds']:.0f} s)"
+                vals.append(v)
+            else:
+                vals.append("infeasible" if r["status"] == "infeasible" else r["status"])
+        out.append(f"| {g} | {label} | " + " | ".join(vals) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--graphs", nargs="+", default=list(CHECKMATE_GRAPHS + RANDOM_LAYERED_GRAPHS))
@@ -110,7 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multipliers", nargs="+", default=["0.9", "0.8"])
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--out", default="results/compare")
+    p.add_argument("--replot", metavar="RESULTS_JSON",
+                   help="only rewrite pivot.md and the plot from an earlier run's results.json")
     args = p.parse_args(argv)
+    if args.replot:
+        rows = json.loads(Path(args.replot).read_text())
+        out = Path(args.replot).parent
+        (out / "pivot.md").write_text(pivot(rows))
+        plot(rows, out / "overhead_vs_budget.png")
+        print(f"wrote {out / 'pivot.md'}, {out / 'overhead_vs_budget.png'}")
+        return 0
     unknown = [s for s in args.solvers if s not in solver_names()]
     if unknown:
         p.error(f"unknown solvers {unknown}; known: {solver_names()}")
@@ -148,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{k}/{len(jobs)}] {line}", flush=True)
         (out / "results.json").write_text(json.dumps(rows, indent=1, default=str))
     (out / "results.md").write_text("\n".join(md) + "\n")
+    (out / "pivot.md").write_text(pivot(rows))
     plot(rows, out / "overhead_vs_budget.png")
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'overhead_vs_budget.png'}")
     return 0
