@@ -240,13 +240,14 @@ class GapSearch:
         """The reference order with each chosen drop's recomputation placed before its point r.
 
         helpers: (i, r) pairs: value i is also recomputed before step r for a recomputation there
-        that reads it, when a chosen drop keeps it absent at r (else it is resident already).
+        that reads it, when a chosen drop keeps it absent at r or it is past its last use (else
+        it is resident already).
         """
         before: dict[int, list[int]] = {}
         for c in chosen:
             before.setdefault(self.c_r[c], []).append(self.c_u[c])
         for i, r in helpers:
-            if self.absent_at(chosen, i, r):
+            if self.last_use[i] < r or self.absent_at(chosen, i, r):
                 before.setdefault(r, []).append(i)
         seq: list[int] = []
         for t in range(self.n):
@@ -257,7 +258,7 @@ class GapSearch:
 
 def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: set[int] | None = None,
                   threads: int = 1, deadline: float | None = None, heuristic_effort: float = 0.05,
-                  helpers: bool = False) -> tuple[set[int] | None, float | None, str]:
+                  helpers: bool = False, chain: int = 0) -> tuple[set[int] | None, float | None, str]:
     """The cheapest drop set of the family by HiGHS; a kept input counts once, whatever needs it.
 
     The extensions of an input are merged: z[i, k] says that input i is kept past its last use
@@ -269,6 +270,8 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     helpers: a drop may also read an input that another drop keeps absent at its point r, if that
     input is recomputed once more before r (a *helper*, whose own inputs must then be resident);
     the helpers chosen are left in gs.helpers for `gs.sequence(chosen, gs.helpers)`.
+    chain: an input past its last use may also be recomputed by a helper before r instead of
+    being kept until r, and so may a helper's own inputs, up to `chain` levels deep (0: never).
     Returns (drop set or None, the solver's lower bound on the family's cost or None, status text);
     None when highspy is not installed or no solution was found within the time limit.
     """
@@ -285,24 +288,46 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     for c in range(m):
         for i in gs.c_ext[c]:
             points.setdefault(i, []).append(gs.c_r[c])
-    # helpers: (i, r) -> column of "recompute i again before r" (for a drop that reads i there
-    # while another drop keeps i absent); a helper's inputs must be resident at r in turn
+    # helpers: (i, r) -> column of "recompute i again before r", for a recomputation there that
+    # reads i while a drop keeps i absent (`helpers`), or, up to `chain` levels deep, while i is
+    # past its last use (instead of keeping i until r); a helper's inputs must be resident at r
+    # in turn: kept, or (within the depth) recomputed by a helper themselves
     end = gs.last_use
-    helper_keys = sorted({(i, r) for _, _, i, r in gs.absent}) if helpers else []
+    rec = [nd.recomputable for nd in gs.graph.nodes]
+    chain = int(chain)
+    depth: dict[tuple[int, int], int] = {}
+    if helpers:
+        for _, _, i, r in gs.absent:
+            depth[(i, r)] = 1
+    if chain > 0:
+        for c in range(m):
+            for i in gs.c_ext[c]:
+                if rec[i]:
+                    depth[(i, gs.c_r[c])] = 1
     helper_ext: dict[tuple[int, int], list[int]] = {}
-    helper_conf: dict[tuple[int, int], list[int]] = {}
-    for i, r in helper_keys:
+    helper_conf: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # [(drop, input, r)]
+    todo = sorted(depth)
+    while todo:
+        key = todo.pop()
+        i, r = key
         ext = [j for j in gs.graph.inputs[i] if end[j] < r]
-        helper_ext[(i, r)] = ext
+        helper_ext[key] = ext
         for j in ext:
             points.setdefault(j, []).append(r)
+            if rec[j] and depth[key] < chain and (j, r) not in depth:
+                depth[(j, r)] = depth[key] + 1
+                todo.append((j, r))
         confl = []
         for j in gs.graph.inputs[i]:
             a = gs.uses[j]
             k = int(np.searchsorted(a, r)) - 1
             if 0 <= k < len(a) - 1 and a[k] < r < a[k + 1]:
-                confl.extend(c2 for r2, c2 in gs.gap_opts.get((j, k), ()) if r2 > r)
-        helper_conf[(i, r)] = confl
+                confl.extend((c2, j, r) for r2, c2 in gs.gap_opts.get((j, k), ()) if r2 > r)
+                if helpers and depth[key] < max(chain, 1) and (j, r) not in depth:
+                    depth[(j, r)] = depth[key] + 1
+                    todo.append((j, r))
+        helper_conf[key] = confl
+    helper_keys = sorted(depth)
     zcol: dict[tuple[int, int], int] = {}  # (input, point) -> column
     col = m
     seg_rows: list[list[tuple[int, float]]] = [[] for _ in range(n)]
@@ -364,9 +389,10 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
             row(-inf, float(-excess[s]), seg_rows[s])
         elif excess[s] > 0:
             return None, None, "a step is over budget and no drop covers it"
-    for c in range(m):
+    for c in range(m):  # a dead input is kept until r, or recomputed by a helper
         for i in gs.c_ext[c]:
-            row(-inf, 0.0, [(c, 1.0), (zcol[(i, gs.c_r[c])], -1.0)])
+            hc = hcol.get((i, gs.c_r[c])) if chain > 0 else None
+            row(-inf, 0.0, [(c, 1.0), (zcol[(i, gs.c_r[c])], -1.0)] + ([(hc, -1.0)] if hc is not None else []))
     for a, b in chain_pairs:
         row(0.0, inf, [(a, 1.0), (b, -1.0)])
     for group in gs.gap_groups:
@@ -374,10 +400,13 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     for c, j, i, r in gs.absent:  # c reads i at r while j keeps i absent: only with a helper
         row(-inf, 1.0, [(c, 1.0), (j, 1.0)] + ([(hcol[(i, r)], -1.0)] if helpers else []))
     for key, hc in hcol.items():
+        r = key[1]
         for j in helper_ext[key]:
-            row(-inf, 0.0, [(hc, 1.0), (zcol[(j, key[1])], -1.0)])
-        for c2 in helper_conf[key]:
-            row(-inf, 1.0, [(hc, 1.0), (c2, 1.0)])
+            hj = hcol.get((j, r))
+            row(-inf, 0.0, [(hc, 1.0), (zcol[(j, r)], -1.0)] + ([(hj, -1.0)] if hj is not None else []))
+        for c2, j, _ in helper_conf[key]:
+            hj = hcol.get((j, r))
+            row(-inf, 1.0, [(hc, 1.0), (c2, 1.0)] + ([(hj, -1.0)] if hj is not None else []))
     h.addRows(len(lower), np.array(lower), np.array(upper), len(index), np.array(starts, dtype=np.int32),
               np.array(index, dtype=np.int32), np.array(value))
     if warm:
@@ -402,7 +431,9 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     if info.primal_solution_status != 2:  # kSolutionStatusFeasible
         return None, bound, status
     xs = h.getSolution().col_value
-    gs.helpers = {key for key, hc in hcol.items() if xs[hc] > 0.5}
+    # a helper of a dead input is not needed where the input is kept until r anyway
+    gs.helpers = {key for key, hc in hcol.items() if xs[hc] > 0.5
+                  and not (key in zcol and xs[zcol[key]] > 0.5)}
     return {c for c in range(m) if xs[c] > 0.5}, bound, status
 
 
