@@ -1,6 +1,7 @@
 """The planner against PyTorch's own tools at equal measured peak memory, on the test models.
 
-    .venv/bin/python scripts/bench_pytorch.py [--models mlp cnn gpt unet] [--repeats 5] [--budget 0.5]
+    .venv/bin/python scripts/bench_pytorch.py [--models mlp cnn gpt gpt_untied unet] [--repeats 5]
+        [--budget 0.5 [0.2 ...]] [--dropout P]
 
 For each model:
 1. per-block torch.utils.checkpoint (use_reentrant=False, RNG state preserved): its measured peak P1;
@@ -28,13 +29,17 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from planner import GB, plan  # noqa: E402
 from planner.measure import interleaved_step_seconds, measure_peak_bytes, step_state  # noqa: E402
-from tests.models import MAKERS  # noqa: E402
+from tests.models import MAKERS, make_gpt_untied  # noqa: E402
+
+# gpt_untied: dropout and an untied head, so that PyTorch's partitioner (which refuses tied weights) runs on it
+BENCH_MAKERS = {**MAKERS, "gpt_untied": make_gpt_untied}
 
 # Medium sizes: large enough that kernels, not Python, dominate a step on this CPU.
 CONFIGS = {
     "mlp": dict(batch=1024, width=256, depth=8),
     "cnn": dict(batch=16, ch=16, size=32, blocks=3),
     "gpt": dict(batch=4, seq=128, vocab=256, d_model=128, n_heads=4, n_layers=4),
+    "gpt_untied": dict(batch=4, seq=128, vocab=256, d_model=128, n_heads=4, n_layers=4),
     "unet": dict(batch=4, ch=8, size=64),
 }
 # The blocks that torch.utils.checkpoint wraps, per model.
@@ -42,6 +47,7 @@ BLOCKS = {
     "mlp": lambda m: [m.body[i] for i in range(0, len(m.body), 2)],
     "cnn": lambda m: list(m.blocks),
     "gpt": lambda m: list(m.blocks),
+    "gpt_untied": lambda m: list(m.blocks),
     "unet": lambda m: [*m.downs, m.mid, *m.up_convs],
 }
 
@@ -78,16 +84,19 @@ def with_memory_budget_partitioner(model: nn.Module, x, budget: float):
     return wrapper, m
 
 
-def equal_state(a, b) -> tuple[bool, bool]:
+def equal_state(a, b) -> tuple[bool, bool, float]:
+    """(gradients equal, buffers equal, largest |ga - gb| / |gb| (Frobenius norms) over the gradients)."""
     ga, ba, _ = a
     gb, bb, _ = b
     # by position: the checkpointed MLP nests its layers under other names
     if len(ga) != len(gb) or len(ba) != len(bb):
-        return False, False
+        return False, False, float("nan")
     grads = all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
                 for x, y in zip(ga.values(), gb.values()))
     bufs = all(torch.equal(x, y) for x, y in zip(ba.values(), bb.values()))
-    return grads, bufs
+    rel = max(((x - y).norm() / y.norm().clamp_min(1e-30)).item()
+              for x, y in zip(ga.values(), gb.values()) if x is not None and y is not None)
+    return grads, bufs, rel
 
 
 def strip_prefix(state, prefix: str):
@@ -97,17 +106,25 @@ def strip_prefix(state, prefix: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=list(CONFIGS))
+    ap.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--budget", type=float, default=0.5, help="activation_memory_budget of PyTorch's partitioner")
+    ap.add_argument("--budget", type=float, nargs="+", default=[0.5],
+                    help="activation_memory_budget(s) of PyTorch's partitioner (each < 1 gets its rows)")
     ap.add_argument("--time-limit", type=float, default=20.0)
+    ap.add_argument("--dropout", type=float, default=None,
+                    help="override the dropout probability of the GPT models (e.g. 0 to isolate its effect)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.models:
         t0 = time.perf_counter()
-        model, x = MAKERS[name](**CONFIGS[name])
+        config = dict(CONFIGS[name])
+        if args.dropout is not None:
+            if not name.startswith("gpt"):
+                ap.error(f"--dropout applies to the GPT models only, not {name}")
+            config["dropout"] = args.dropout
+        model, x = BENCH_MAKERS[name](**config)
         eager = copy.deepcopy(model)
         ref_state = step_state(copy.deepcopy(model), x, seed=3)
         ckpt = with_block_checkpoints(model, name)
@@ -119,17 +136,19 @@ def main() -> None:
             "checkpoint per block": ckpt,
             "planner @ checkpoint's peak": ours_ckpt.apply(copy.deepcopy(model)),
         }
-        pt_label = f"PyTorch partitioner (budget {args.budget})"
-        try:
-            pt, _ = with_memory_budget_partitioner(model, x, args.budget)
-            p_pt = measure_peak_bytes(pt, x)
-            pt, _ = with_memory_budget_partitioner(model, x, args.budget)  # a fresh one for the equality check
-            ours_pt = plan(model, x, p_pt / GB, time_limit_s=args.time_limit, traced=first.traced)
-            mods[pt_label] = pt
-            mods["planner @ partitioner's peak"] = ours_pt.apply(copy.deepcopy(model))
-        except Exception as e:  # PyTorch's capture refuses some models (e.g. tied weights)
-            reason = str(e).splitlines()[0][:90]
-            rows.append((name, pt_label, float("nan"), float("nan"), float("nan"), None, None, reason))
+        for budget in args.budget:
+            pt_label = f"PyTorch partitioner (budget {budget})"
+            try:
+                pt, _ = with_memory_budget_partitioner(model, x, budget)
+                p_pt = measure_peak_bytes(pt, x)
+                pt, _ = with_memory_budget_partitioner(model, x, budget)  # a fresh one for the equality check
+                ours_pt = plan(model, x, p_pt / GB, time_limit_s=args.time_limit, traced=first.traced)
+                mods[pt_label] = pt
+                at = "planner @ partitioner's peak" + (f" ({budget})" if len(args.budget) > 1 else "")
+                mods[at] = ours_pt.apply(copy.deepcopy(model))
+            except Exception as e:  # PyTorch's capture refuses some models (e.g. tied weights)
+                reason = str(e).splitlines()[0][:90]
+                rows.append((name, pt_label, float("nan"), float("nan"), float("nan"), None, None, reason))
         # gradients and buffers of each module's first step (before the measurements below step them again)
         states = {label: step_state(m, x, seed=3) for label, m in mods.items()}
         times = interleaved_step_seconds(mods, x, repeats=args.repeats, warmup=1)
@@ -141,9 +160,10 @@ def main() -> None:
                 st = strip_prefix(st, "module.")
             elif label.startswith("PyTorch"):
                 st = strip_prefix(st, "inner.")
-            g_ok, b_ok = equal_state(st, ref_state)
+            g_ok, b_ok, rel = equal_state(st, ref_state)
+            note = "" if g_ok else f"gradients differ from eager by up to {rel:.3g} in relative norm"
             rows.append((name, label, peak / 1e6, 1e3 * times[label].median_s, times[label].median_s / base,
-                         g_ok, b_ok, ""))
+                         g_ok, b_ok, note))
         print(f"{name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     print("| model | method | measured peak (MB) | step (ms) | time / eager | grads == eager | buffers == eager |")
     print("|---|---|---:|---:|---:|---|---|")
@@ -153,6 +173,9 @@ def main() -> None:
             continue
         print(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.1f} | {r[4]:.3f} | {'yes' if r[5] else 'NO'} | "
               f"{'yes' if r[6] else 'NO'} |")
+    for r in rows:
+        if r[5] is not None and r[7]:
+            print(f"{r[0]} / {r[1]}: {r[7]}")
 
 
 if __name__ == "__main__":

@@ -122,6 +122,22 @@ def make_gpt(batch: int = 2, seq: int = 16, vocab: int = 64, d_model: int = 32, 
     return model, torch.randint(0, vocab, (batch, seq))
 
 
+class UntiedGPT(GPT):
+    """The same decoder with its own output-head weight (not shared with the token embedding)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.head = nn.Linear(self.tok.embedding_dim, self.tok.num_embeddings, bias=False)
+
+
+def make_gpt_untied(batch: int = 2, seq: int = 16, vocab: int = 64, d_model: int = 32, n_heads: int = 4,
+                    n_layers: int = 2, dropout: float = 0.1, seed: int = 0):
+    """GPT with dropout and an untied head: PyTorch's aot_module refuses tied weights."""
+    torch.manual_seed(seed)
+    model = UntiedGPT(vocab, d_model, n_heads, n_layers, seq, dropout).train()
+    return model, torch.randint(0, vocab, (batch, seq))
+
+
 # ---- U-Net-like model with long skip connections -----------------------------------------------------
 def _conv_block(cin: int, cout: int) -> nn.Module:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU())
