@@ -93,21 +93,7 @@ class StepTime:
 def measure_step_seconds(module: torch.nn.Module, inputs, loss_fn: Callable | None = None, *,
                          repeats: int = 7, warmup: int = 2) -> StepTime:
     """Median wall time of one step over `repeats` runs after `warmup` runs (CUDA synchronised)."""
-    inputs = _inputs(inputs)
-    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
-    samples = []
-    for k in range(warmup + repeats):
-        _zero_grad(module)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run_step(module, inputs, loss_fn)
-        if cuda:
-            torch.cuda.synchronize()
-        if k >= warmup:
-            samples.append(time.perf_counter() - t0)
-    _zero_grad(module)
-    return StepTime(statistics.median(samples), samples)
+    return interleaved_step_seconds({"module": module}, inputs, loss_fn, repeats=repeats, warmup=warmup)["module"]
 
 
 def interleaved_step_seconds(modules: dict, inputs, loss_fn: Callable | None = None, *, repeats: int = 7,
