@@ -424,6 +424,10 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
             h.setSolution(sol)
         except Exception:  # noqa: BLE001 - a warm start is optional; some versions lack it
             pass
+    # HiGHS keeps one global thread scheduler per process, sized by the first run; a later run asking for another
+    # thread count (this one asks for `threads`, the Checkmate MILP for HiGHS's default) then fails with no
+    # solution ("Not Set"). Start a scheduler of our own size.
+    highspy.Highs.resetGlobalScheduler(True)
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
