@@ -60,6 +60,7 @@ class StageMILP:
     S: dict = field(default_factory=dict)
     FREE: dict = field(default_factory=dict)
     U: dict = field(default_factory=dict)
+    Y: dict = field(default_factory=dict)  # Y[i] = 1: i is computed at least twice (forced-recomputation cuts)
     build_seconds: float = 0.0
 
     def r(self, t: int, i: int):
@@ -105,12 +106,15 @@ def _add(prob: pulp.LpProblem, terms: list, sense: int, rhs: float) -> None:
 
 
 def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten: bool = True,
-                aggregated_free: bool = True) -> StageMILP:
+                aggregated_free: bool = True, forced_cuts: bool = False) -> StageMILP:
     """Build the stage MILP (or its LP relaxation with `relax=True`).
 
     aggregated_free: bound each FREE variable with Checkmate's single aggregated hazard row (the default: a
     smaller model that HiGHS solved faster on the benchmarks, and Checkmate's published LP bound) instead of
     one row per hazard (a slightly tighter relaxation, used by `lp_bound`).
+    forced_cuts: add the forced-recomputation rows of `solvers.forced_bound` (valid for every schedule). They
+    lift the relaxation (segnet at 0.5: proven optimal in 20 s with them), but on unet at its smallest budget
+    HiGHS found a worse schedule in 60 s with them (16.2 % against 13.4 %); `auto` takes that bound separately.
     """
     t0 = time.perf_counter()
     n = graph.n
@@ -152,6 +156,8 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
                     _add(prob, [(r(t, i), 1), (s(t + 1, i), -1), *[(r(t, j), -1) for j in users[i] if i < j <= t]],
                          LE, 0)
                 _add(prob, [(s(t, i), 1), (s(t + 1, i), -1), *rd], LE, 0)
+    if forced_cuts:
+        _add_forced_recomputation_cuts(model, cat)
     # FREE[t, i, k] <= R[t, k], <= 1 - S[t+1, i], <= 1 - R[t, j] for every later reader j of i in the stage.
     for t in range(n):
         for k in range(t + 1):
@@ -202,6 +208,30 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     prob.setObjective(obj)
     model.build_seconds = time.perf_counter() - t0
     return model
+
+
+def _add_forced_recomputation_cuts(model: StageMILP, cat) -> None:
+    """The covering rows of `solvers.forced_bound` (valid for every schedule, so the optimum is unchanged):
+    Y[i] <= sum over stages t > i of R[t, i], and at every node x the values of its conflict set that are computed
+    once fit in the room left by x's inputs and output. They lift the relaxation where one large value must be
+    recomputed (segnet at half its reference peak), which the stage rows alone bound weakly."""
+    from solvers.forced_bound import conflict_rows
+
+    g, prob, unit = model.graph, model.prob, model.unit_bytes
+    m = [int(x) for x in g.sizes]
+    try:
+        rows = conflict_rows(g, model.budget_bytes)
+    except InfeasibleBudgetError:
+        return  # no schedule fits: the memory rows say so on their own (models are also built for such budgets)
+    for row in rows:
+        for i in row.members:
+            if i not in model.Y:
+                y = prob.add_variable(f"Y_{i}", 0, 1, cat)
+                model.Y[i] = y
+                _add(prob, [(y, 1), *[(model.r(t, i), -1) for t in range(i + 1, g.n)]], pulp.LpConstraintLE, 0)
+        total = sum(m[i] for i in row.members)
+        _add(prob, [(model.Y[i], -m[i] / unit) for i in row.members], pulp.LpConstraintLE,
+             (row.room_bytes - total) / unit)
 
 
 # ---- warm start -------------------------------------------------------------------------------------------
@@ -255,6 +285,8 @@ def start_values(model: StageMILP, sequence: list[int]) -> dict[str, float] | No
         out[v.name] = float(F.get(key, False))
     for (t, k), v in model.U.items():
         out[v.name] = float(U[t, k] - g.fixed_bytes) / model.unit_bytes
+    for i, v in model.Y.items():
+        out[v.name] = float(R[i + 1:, i].any())
     return out
 
 
@@ -399,7 +431,7 @@ def run_backend(model: StageMILP, backend: str, time_limit_s: float | None, mip_
 # ---- the solver --------------------------------------------------------------------------------------------
 def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, backend: str = "highs",
          mip_gap: float = 0.01, threads: int | None = None, warm_start: bool = True,
-         tighten: bool = True, start_sequences: list | None = None) -> Proposal:
+         tighten: bool = True, forced_cuts: bool = False, start_sequences: list | None = None) -> Proposal:
     """Minimum-cost schedule of the stage family within `budget_bytes` (bytes), by the Checkmate MILP.
 
     time_limit_s covers building and solving. mip_gap: relative gap on the recomputation cost at which the
@@ -423,7 +455,7 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
                                                                    "note": "checkpoint_all fits"})
     model_budget = int(budget_bytes)
     for attempt in range(3):
-        model = build_model(graph, model_budget, tighten=tighten)
+        model = build_model(graph, model_budget, tighten=tighten, forced_cuts=forced_cuts)
         start, start_name = None, None
         if warm_start:
             if attempt == 0:

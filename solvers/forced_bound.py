@@ -1,0 +1,155 @@
+"""A lower bound on the cost of every schedule, of any order and any recomputation: forced recomputations.
+
+The argument. Let v be computed exactly once, and let x be a strict descendant of v such that some reader w of v
+(or the end of the schedule, when v is retained) comes after a strict descendant of x, or is one. Every
+computation of x follows v's single computation (x needs v's value, transitively), and some computation of x
+precedes the reader w's last computation (w needs x's value, transitively), so v is resident while that
+computation of x runs. Memory then is at least
+
+    fixed bytes + bytes(inputs of x, and x) + sum of bytes(v) over such v that are computed once.
+
+So for every node x, the values of the conflict set V(x) (such v, not inputs of x) that are computed only once
+must fit in room(x) = budget - fixed - bytes(inputs of x, and x). Choosing which values are computed at least
+twice, at least cost, is a covering knapsack over the conflict sets: a small integer program (one binary per
+value) whose optimum, added to one computation of every node, bounds the cost of every schedule. A
+non-recomputable value of V(x) always counts; if those alone overflow room(x), no schedule fits the budget.
+
+Unlike the MILP's and CP-SAT's bounds, which hold for their schedule families only, this bound holds for all
+schedules. It is weak where memory is spread thin (many small values), and exact where one large value must
+be recomputed (segnet at half its reference peak: its first convolution, 40 % of the cost, has to run twice).
+`conflict_rows` also hands these rows to the stage MILP as cuts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pulp
+
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.ir import Graph
+from solvers.base import check_budget_floor
+
+
+@dataclass(frozen=True)
+class ConflictRow:
+    """At node x, the recomputable values `members` that are computed only once must fit in `room_bytes`."""
+
+    node: int
+    members: tuple[int, ...]
+    room_bytes: int  # budget - fixed - bytes(inputs and output of x) - bytes(non-recomputable values of V(x))
+
+
+@dataclass(frozen=True)
+class ForcedBound:
+    lower_bound_cost: float  # every schedule within the budget costs at least this (total cost)
+    recomputed: tuple[int, ...]  # a cheapest set of values that some computation must repeat
+    proven: bool  # the covering program was solved to optimality (else its dual bound is used)
+    rows: int  # conflict rows that bind (their members do not all fit)
+
+
+def _masks(graph: Graph) -> tuple[list[int], list[int]]:
+    """Strict ancestors and strict descendants of every node, as bit masks."""
+    n = graph.n
+    anc = [0] * n
+    for v in range(n):
+        m = 0
+        for i in graph.inputs[v]:
+            m |= anc[i] | (1 << i)
+        anc[v] = m
+    desc = [0] * n
+    for v in range(n - 1, -1, -1):
+        m = 0
+        for w in graph.users[v]:
+            m |= desc[w] | (1 << w)
+        desc[v] = m
+    return anc, desc
+
+
+def conflict_rows(graph: Graph, budget_bytes: int) -> list[ConflictRow]:
+    """The binding rows of the covering program (see the module docstring).
+
+    Raises InfeasibleBudgetError when some node's inputs, output and non-recomputable conflict values alone
+    exceed the budget: no schedule of any kind fits then.
+    """
+    n = graph.n
+    sizes = [int(b) for b in graph.sizes]
+    budget = int(budget_bytes) - int(graph.fixed_bytes)
+    anc, desc = _masks(graph)
+    users_mask = [0] * n
+    for v in range(n):
+        for w in graph.users[v]:
+            users_mask[v] |= 1 << w
+    retained = [nd.retain for nd in graph.nodes]
+    recomputable = [nd.recomputable for nd in graph.nodes]
+    rows: list[ConflictRow] = []
+    for x in range(n):
+        local = set(graph.inputs[x]) | {x}
+        room = budget - sum(sizes[i] for i in local)
+        members: list[int] = []
+        fixed = 0
+        a = anc[x]
+        while a:
+            low = a & -a
+            v = low.bit_length() - 1
+            a ^= low
+            if v in local or sizes[v] == 0:
+                continue
+            if retained[v] or users_mask[v] & desc[x]:
+                if recomputable[v]:
+                    members.append(v)
+                else:
+                    fixed += sizes[v]
+        room -= fixed
+        if room < 0:
+            need = int(budget_bytes) - room
+            raise InfeasibleBudgetError(
+                budget_bytes, None, "forced_bound",
+                f"node {graph.describe(x)} needs its inputs and output resident together with {fixed} bytes of "
+                f"non-recomputable values that later nodes read: at least {need} bytes, in any schedule")
+        if sum(sizes[v] for v in members) > room:
+            rows.append(ConflictRow(x, tuple(members), room))
+    return rows
+
+
+def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = 10.0) -> ForcedBound:
+    """The covering program's bound (see the module docstring); total cost, valid for every schedule.
+
+    Raises InfeasibleBudgetError when even the rows' fixed parts overflow (no schedule fits), and
+    NoSolutionInTimeError if the program is not solved at all within the limit.
+    """
+    t0 = time.perf_counter()
+    check_budget_floor(graph, budget_bytes, "forced_bound")
+    rows = conflict_rows(graph, budget_bytes)
+    base = float(graph.total_cost)
+    if not rows:
+        return ForcedBound(base, (), True, 0)
+    costs = graph.costs
+    sizes = graph.sizes
+    prob = pulp.LpProblem("forced_recomputation", pulp.LpMinimize)
+    y = {}
+    for row in rows:
+        for v in row.members:
+            if v not in y:
+                y[v] = prob.add_variable(f"y_{v}", 0, 1, pulp.LpBinary)
+    prob += pulp.lpSum(float(costs[v]) * y[v] for v in y)
+    for row in rows:
+        total = sum(int(sizes[v]) for v in row.members)
+        # sum over members of size (1 - y) <= room  <=>  sum size * y >= total - room
+        prob += pulp.lpSum(int(sizes[v]) * y[v] for v in row.members) >= total - row.room_bytes
+    limit = None if time_limit_s is None else max(0.5, time_limit_s - (time.perf_counter() - t0))
+    solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0)
+    prob.solve(solver)
+    h = prob.solverModel
+    import highspy
+
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if status == highspy.HighsModelStatus.kOptimal:
+        chosen = tuple(sorted(v for v, var in y.items() if (var.varValue or 0.0) > 0.5))
+        extra = float(sum(costs[v] for v in chosen))
+        return ForcedBound(base + extra, chosen, True, len(rows))
+    dual = info.mip_dual_bound
+    if dual is None or not (dual == dual) or dual in (float("inf"), float("-inf")):
+        raise NoSolutionInTimeError(f"forced_bound: covering program not solved within {time_limit_s} s")
+    return ForcedBound(base + max(0.0, float(dual)), (), False, len(rows))
