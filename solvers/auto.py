@@ -2,13 +2,17 @@
 
 Plan (every step replayed by the simulator through solvers.base.solve):
 1. checkpoint_all: if it fits, no schedule can cost less (every node must run once): done.
-2. fast heuristics (Chen greedy, DTR) give an incumbent and a fallback.
+2. the forced-recomputation bound (solvers.forced_bound), a lower bound valid for every schedule; then fast
+   heuristics (Chen greedy, DTR in two scores, the lowest-memory rebuild) give an incumbent and a fallback.
 3. the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
 4. chain_dp, when the graph is a training chain.
 5. an exact solver with the remaining time: the Checkmate MILP up to MILP_MAX_NODES nodes, CP-SAT (hinted with
    the best schedule so far) up to CPSAT_MAX_NODES for training graphs (with backward nodes).
-The cheapest schedule wins; its status is OPTIMAL only when an exact solver proved it. `info["chosen"]` names the
+The cheapest schedule wins; its status is OPTIMAL when an exact solver proved it or when it costs no more than the
+forced-recomputation bound. The reported lower bound is the larger of the exact solver's (for its schedule family,
+dropped when a schedule outside the family beats it) and the forced-recomputation bound (for every schedule);
+`info["bound_from"]` and `info["bound_scope"]` say which. `info["chosen"]` names the
 solver whose schedule was returned and `info["tried"]` lists every attempt.
 """
 from __future__ import annotations
@@ -23,11 +27,12 @@ from solvers.base import Proposal, check_budget_floor, solve, solver_names
 MILP_MAX_NODES = 120  # the Checkmate MILP proves these in seconds; beyond, CP-SAT scales better
 CPSAT_MAX_NODES = 400  # beyond, the eviction heuristic's search gets the whole time limit
 DEFAULT_TIME_LIMIT_S = 60.0
-FAST_HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr")
+FAST_HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr", "dtr_local", "lowest_memory")
 # Share of the remaining time the improving eviction heuristic gets before an exact solver starts.
 EVICT_SHARE_WITH_EXACT = 0.25
 EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
+FORCED_BOUND_S = 5.0  # the forced-recomputation bound's covering program (solved in < 0.1 s on the benchmarks)
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -71,7 +76,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
 
     first = attempt("checkpoint_all", None)
     if first is not None:
-        return _pick(graph, results, tried, exact=first)
+        return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
+    forced = _forced_bound(graph, budget_bytes, tried)
     for name in FAST_HEURISTICS:
         attempt(name, remaining())
     training = any(nd.backward for nd in graph.nodes)
@@ -112,31 +118,52 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
                   else "no solver found a schedule within the time limit")
         raise InfeasibleBudgetError(budget_bytes, min_known, "auto",
                                     f"{reason}; single-operation bound {floor} bytes")
-    return _pick(graph, results, tried, exact=exact)
+    return _pick(graph, results, tried, exact=exact, forced=forced)
 
 
-def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None) -> Proposal:
+def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict]) -> float | None:
+    """The forced-recomputation bound (valid for every schedule), or None if it is not solved in a few seconds.
+
+    Raises InfeasibleBudgetError when non-recomputable values make the budget infeasible for every schedule."""
+    from solvers.forced_bound import forced_recompute_bound
+
+    try:
+        fb = forced_recompute_bound(graph, budget_bytes, time_limit_s=FORCED_BOUND_S)
+    except NoSolutionInTimeError:
+        tried.append({"solver": "forced_bound", "outcome": "no solution in time"})
+        return None
+    tried.append({"solver": "forced_bound", "outcome": "optimal" if fb.proven else "bound",
+                  "lower_bound_cost": fb.lower_bound_cost, "recomputed": list(fb.recomputed)})
+    return fb.lower_bound_cost
+
+
+def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None,
+          forced: float | None = None) -> Proposal:
     best = min(results, key=lambda r: (r.total_cost, r.peak_bytes))
     bound = exact.lower_bound_cost if exact is not None else None
     bound_note = None
     if bound is not None and best.total_cost < bound * (1 - 1e-9) - 1e-9:
         # The exact solvers bound their own schedule family only; a schedule outside it beat the bound,
-        # so no lower bound is known for the whole problem.
+        # so the family's bound says nothing about the whole problem.
         bound_note = (f"{exact.solver}'s bound {bound:.6g} holds for its schedule family only; "
                       f"{best.solver}'s schedule lies outside it and costs less")
         bound = None
-    if bound_note:
-        status = Status.HEURISTIC  # cheaper than the family optimum: no proof covers it
-    elif exact is not None and exact.status is Status.OPTIMAL:
+    bound_from = exact.solver if exact is not None and bound is not None else None
+    scope = f"schedules of the family: {exact.info['family']}" if bound_from and exact.info.get("family") else None
+    if forced is not None and (bound is None or forced > bound):
+        # the forced-recomputation bound holds for every schedule, in any order
+        bound, bound_from, scope = min(forced, best.total_cost), "forced_bound", "every schedule"
+    if exact is not None and exact.status is Status.OPTIMAL and not bound_note:
         status = Status.OPTIMAL  # best costs at most the proven (within-gap) optimum and at least its bound
     elif bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
         status = Status.OPTIMAL
+    elif bound_note:
+        status = Status.HEURISTIC  # cheaper than the family optimum: only the forced bound covers it
     else:
         status = Status.FEASIBLE if exact is not None else Status.HEURISTIC
-    info = {"chosen": best.solver, "tried": tried,
-            "bound_from": exact.solver if exact is not None and bound is not None else None}
-    if bound is not None and exact is not None and exact.info.get("family"):
-        info["bound_scope"] = f"schedules of the family: {exact.info['family']}"
+    info = {"chosen": best.solver, "tried": tried, "bound_from": bound_from}
+    if scope:
+        info["bound_scope"] = scope
     if bound_note:
         info["bound_note"] = bound_note
     if best.info:
