@@ -43,7 +43,9 @@ _REGISTRY: dict[str, str] = {
     "lp_round": "solvers.lp_round:lp_round",
     "cpsat": "solvers.cpsat:cpsat",
     "dtr": "solvers.dtr:dtr",
+    "dtr_local": "solvers.dtr:dtr_local",
     "evict": "solvers.evict:evict",
+    "lowest_memory": "solvers.lowest_memory:lowest_memory",
     "auto": "solvers.auto:auto",
 }
 
