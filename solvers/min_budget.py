@@ -18,7 +18,7 @@ from graphs.ir import Graph
 from graphs.schedule import SolveResult
 from solvers.base import solve, solver_names
 
-HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict")
+HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
 EXACT = ("cpsat", "milp")
 
 

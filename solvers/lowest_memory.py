@@ -1,0 +1,148 @@
+"""`lowest_memory`: a schedule for the tightest budgets, at any cost: recompute forward values from scratch.
+
+Every backward value is computed once, in the reference order, and kept until its last reader. Every forward
+value a backward node reads is recomputed just before it, from the graph's sources, in a depth-first order (the
+input with the larger ancestor cone first, Sethi-Ullman style), and freed after its last reader. So while a
+backward node's inputs are rebuilt, only the gradients still waiting for readers are resident: the
+classic minimum-memory strategy of recomputation (its cost grows with the square of the depth: 3-15x the
+graph's cost on the Checkmate graphs), used where nothing cheaper fits and by the smallest-budget search.
+
+One choice is searched greedily, node by node: a backward node may share one rebuild with the next one or two
+backward nodes that read it (a batch-norm backward and the convolution backward after it read the same
+activations), which avoids holding the first one's output during the second rebuild but holds the shared
+activations longer. Each candidate is scored by the peak of its own stretch of the schedule (an estimate: it
+counts the waiting gradients as held throughout), so the variant without sharing is also built, and the one
+whose simulated peak is lower is returned.
+
+Graphs without backward nodes get the reference order (nothing is a gradient to wait for). Status HEURISTIC.
+"""
+from __future__ import annotations
+
+from graphs.errors import InfeasibleBudgetError
+from graphs.ir import Graph
+from graphs.schedule import Schedule, Status
+from graphs.simulate import simulate
+from solvers.base import Proposal
+
+MAX_GROUP = 3
+
+
+def _rebuild_order(graph: Graph, needed: list[int], backward: list[bool], cone: list[int], reverse: bool
+                   ) -> list[int]:
+    """Forward ancestors of `needed` (and themselves) in a depth-first post-order."""
+    order: list[int] = []
+    seen: set[int] = set()
+    key = (lambda i: -cone[i]) if not reverse else (lambda i: cone[i])
+    for root in sorted(dict.fromkeys(needed), key=key):
+        if root in seen:
+            continue
+        stack = [(root, iter(sorted((i for i in graph.inputs[root] if not backward[i]), key=key)))]
+        seen.add(root)
+        while stack:
+            v, it = stack[-1]
+            nxt = next((i for i in it if i not in seen), None)
+            if nxt is None:
+                stack.pop()
+                order.append(v)
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(sorted((i for i in graph.inputs[nxt] if not backward[i]), key=key))))
+    return order
+
+
+def _segment_peak(graph: Graph, segment: list[int], held_bytes: int, later: set[int]) -> int:
+    """Peak of `segment` run on top of `held_bytes`, freeing each of its values after its last reader in it
+    (values in `later` are read after the segment and stay)."""
+    last: dict[int, int] = {}
+    for k, v in enumerate(segment):
+        for i in graph.inputs[v]:
+            last[i] = k
+    sizes = graph.sizes
+    mem, peak = held_bytes, 0
+    live: set[int] = set()
+    for k, v in enumerate(segment):
+        peak = max(peak, mem + int(sizes[v]))
+        mem += int(sizes[v])
+        live.add(v)
+        for i in (*graph.inputs[v], v):
+            if i in live and last.get(i, -1) <= k and i not in later:
+                live.discard(i)
+                mem -= int(sizes[i])
+    return peak
+
+
+def lowest_memory_sequence(graph: Graph) -> list[int]:
+    """The lower-peak sequence of the two variants (single rebuilds only, or rebuilds shared greedily); the
+    cheaper one when the peaks are equal."""
+    best = None
+    for max_group in (1, MAX_GROUP):
+        seq = _sequence(graph, max_group)
+        sim = simulate(graph, Schedule.from_sequence(graph, seq))
+        if best is None or (sim.peak_bytes, sim.total_cost) < best[:2]:
+            best = (sim.peak_bytes, sim.total_cost, seq)
+    return best[2]
+
+
+def _sequence(graph: Graph, max_group: int) -> list[int]:
+    n = graph.n
+    backward = [nd.backward for nd in graph.nodes]
+    if not any(backward):
+        return list(range(n))
+    cone = [0] * n  # number of forward ancestors (the depth-first order's key)
+    anc: list[set[int]] = [set() for _ in range(n)]
+    for v in range(n):
+        for i in graph.inputs[v]:
+            if not backward[i]:
+                anc[v] |= anc[i] | {i}
+        cone[v] = len(anc[v])
+    last_reader = [max(us) if us else -1 for us in graph.users]
+    seq: list[int] = []
+    done_backward: list[int] = []
+    x = 0
+    while x < n:
+        if not backward[x]:
+            seq.append(x)
+            x += 1
+            continue
+        held = sum(int(graph.sizes[v]) for v in done_backward if last_reader[v] >= x or graph.nodes[v].retain)
+        chain = [x]
+        while (len(chain) < max_group and chain[-1] + 1 < n and backward[chain[-1] + 1]
+               and chain[-1] in graph.inputs[chain[-1] + 1]):
+            chain.append(chain[-1] + 1)
+        best = None
+        for size in range(1, len(chain) + 1):
+            # the first `size` nodes share one rebuild; the rest of the chain is scored as single rebuilds, so
+            # that every candidate is scored over the same stretch
+            groups = [chain[:size]] + [[y] for y in chain[size:]]
+            peak, first = 0, None
+            for group in groups:
+                # chain members computed in earlier groups of this candidate that are still to be read
+                extra = sum(int(graph.sizes[y]) for y in chain if y < group[0]
+                            and (last_reader[y] >= group[0] or graph.nodes[y].retain))
+                needed = [f for y in group for f in graph.inputs[y] if not backward[f]]
+                later = {y for y in group if last_reader[y] > group[-1] or graph.nodes[y].retain}
+                options = [_rebuild_order(graph, needed, backward, cone, rev) + group for rev in (False, True)]
+                scored = [(_segment_peak(graph, seg, held + extra, later), seg) for seg in options]
+                p, seg = min(scored, key=lambda z: z[0])
+                peak = max(peak, p)
+                if first is None:
+                    first = seg
+            if best is None or peak < best[0]:
+                best = (peak, first, chain[:size])
+        _, segment, chosen = best
+        seq += segment
+        done_backward += chosen
+        x = chosen[-1] + 1
+    return seq
+
+
+def lowest_memory(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
+    """The schedule of the module docstring if it fits `budget_bytes`; else InfeasibleBudgetError naming its
+    peak (the smallest budget this strategy meets)."""
+    seq = lowest_memory_sequence(graph)
+    sched = Schedule.from_sequence(graph, seq)
+    sim = simulate(graph, sched)
+    if sim.peak_bytes > budget_bytes:
+        raise InfeasibleBudgetError(budget_bytes, sim.peak_bytes, "lowest_memory",
+                                    "recomputing every forward value from scratch for each backward node peaks there")
+    return Proposal(sched, Status.HEURISTIC, info={"recomputations": len(seq) - graph.n})
