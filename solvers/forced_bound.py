@@ -153,3 +153,34 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
     if dual is None or not (dual == dual) or dual in (float("inf"), float("-inf")):
         raise NoSolutionInTimeError(f"forced_bound: covering program not solved within {time_limit_s} s")
     return ForcedBound(base + max(0.0, float(dual)), (), False, len(rows))
+
+
+def memory_floor_bytes(graph: Graph) -> int:
+    """The smallest budget at which the conflict rows' fixed parts fit: a floor for every schedule.
+
+    It is the single-operation bound, raised where non-recomputable values (dropout masks, say) that later
+    nodes read must stay resident beside some node's inputs and output. Bisection: feasibility of the rows only
+    grows with the budget."""
+    from graphs.simulate import reference_peak_bytes
+
+    lo = graph.single_op_bound_bytes()
+    if all(nd.recomputable for nd in graph.nodes):
+        return lo
+    hi = max(lo, reference_peak_bytes(graph))
+
+    def fits(b: int) -> bool:
+        try:
+            conflict_rows(graph, b)
+            return True
+        except InfeasibleBudgetError:
+            return False
+
+    if fits(lo):
+        return lo
+    while hi - lo > 1:  # fits(hi) holds: the reference order meets it
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

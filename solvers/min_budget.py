@@ -1,7 +1,8 @@
 """The smallest feasible budget of a graph: met by a valid schedule, with how it is known nothing smaller works.
 
-1. The single-operation bound (some node needs its inputs and output resident together) is a floor for every
-   schedule. If a solver meets it, the minimum is proven.
+1. The single-operation bound (some node needs its inputs and output resident together), raised by the
+   non-recomputable values that must stay resident beside some node (solvers.forced_bound.memory_floor_bytes),
+   is a floor for every schedule. If a solver meets it, the minimum is proven.
 2. Otherwise every registered heuristic reports the smallest budget it can meet (its InfeasibleBudgetError names
    it); the least of these, met by a schedule, is the upper end.
 3. Bisection between the floor and that upper end, with the heuristics and then an exact solver (time-limited)
@@ -17,6 +18,7 @@ from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
 from graphs.schedule import SolveResult
 from solvers.base import solve, solver_names
+from solvers.forced_bound import memory_floor_bytes
 
 HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
 EXACT = ("cpsat", "milp")
@@ -34,15 +36,23 @@ class MinBudget:
         return self.lower_bound_bytes >= self.budget_bytes
 
 
-def _try(graph: Graph, budget: int, names, time_limit_s: float | None):
-    """First schedule that fits `budget`, the least budget any failing solver named, and exact proofs."""
+def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline: float | None = None):
+    """First schedule that fits `budget`, the least budget any failing solver named, and exact proofs.
+
+    deadline (time.perf_counter()): solvers not started by then are skipped; each gets at most what is left."""
     named: list[int] = []
     proofs: list[str] = []
     for name in names:
         if name not in solver_names():
             continue
+        limit = time_limit_s
+        if deadline is not None:
+            left = deadline - time.perf_counter()
+            if left <= 0.5:
+                break
+            limit = left if limit is None else min(limit, left)
         try:
-            return solve(graph, budget, name, time_limit_s=time_limit_s), named, proofs
+            return solve(graph, budget, name, time_limit_s=limit), named, proofs
         except InfeasibleBudgetError as e:
             if e.min_budget_bytes is not None:
                 named.append(e.min_budget_bytes)
@@ -59,16 +69,21 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
     tolerance: stop the bisection once the unproven interval is below this fraction of the budget.
     """
     t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
     floor = graph.single_op_bound_bytes()
+    floor_proof = "single-operation bound: a node needs its inputs and output resident together"
+    raised = memory_floor_bytes(graph)
+    if raised > floor:
+        floor, floor_proof = raised, ("forced-residency bound: a node needs its inputs and output resident together "
+                                      "with the non-recomputable values that later nodes read")
     per_solve = max(1.0, time_limit_s / 8)
-    res, named, _ = _try(graph, floor, HEURISTICS + EXACT, per_solve)
+    res, named, _ = _try(graph, floor, HEURISTICS + EXACT, per_solve, deadline)
     if res is not None:
-        return MinBudget(floor, floor, "single-operation bound: a node needs its inputs and output resident "
-                                       "together, and a schedule meets exactly that", res)
+        return MinBudget(floor, floor, floor_proof + ", and a schedule meets exactly that", res)
     # Upper end: the least budget a heuristic named, confirmed by a schedule.
     best: SolveResult | None = None
     for b in sorted(set(named)):
-        r, _, _ = _try(graph, b, HEURISTICS, per_solve)
+        r, _, _ = _try(graph, b, HEURISTICS, per_solve, deadline + per_solve)  # an upper end is needed
         if r is not None:
             best = r
             break
@@ -76,11 +91,11 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
         raise InfeasibleBudgetError(floor, None, "min_budget", "no solver met any budget it named")
     hi = best.peak_bytes  # met
     lo = floor  # floor - 1 is impossible; lo itself failed above but without proof
-    proof = "single-operation bound"
+    proof = floor_proof.split(":")[0]
     lo_proved = floor
     while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
         mid = (lo + hi) // 2
-        r, _, proofs = _try(graph, mid, HEURISTICS + EXACT, per_solve)
+        r, _, proofs = _try(graph, mid, HEURISTICS + EXACT, per_solve, deadline)
         if r is not None:
             best, hi = r, r.peak_bytes
         else:
@@ -89,12 +104,12 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
                 lo_proved, proof = mid + 1, "; ".join(proofs) + f" at {mid} bytes"
     # Final attempt to prove that just below the upper end nothing fits.
     if lo_proved < hi and time.perf_counter() - t0 < time_limit_s:
-        r, _, proofs = _try(graph, hi - 1, EXACT, max(1.0, time_limit_s - (time.perf_counter() - t0)))
+        r, _, proofs = _try(graph, hi - 1, EXACT, None, deadline)
         if r is not None:
             best, hi = r, r.peak_bytes
         elif proofs:
             lo_proved, proof = hi, "; ".join(proofs) + f" at {hi - 1} bytes"
     if lo_proved < hi:
-        proof = (f"not proven: {proof} gives {lo_proved} bytes as the lower end; "
+        proof = (f"{proof} gives {lo_proved} bytes as the lower end; "
                  f"no solver met any budget below {hi} bytes within the time limit")
     return MinBudget(hi, lo_proved, proof, best)

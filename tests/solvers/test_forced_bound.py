@@ -87,3 +87,31 @@ def test_checkmate_graphs_at_90_percent(bench_dir):
         g = load_benchmark(bench_dir / f"{name}.json")
         fb = forced_recompute_bound(g, budget_from_multiplier(g, 0.9))
         assert fb.lower_bound_cost / g.total_cost - 1 == pytest.approx(overhead, abs=5e-5), name
+
+
+def test_memory_floor_and_min_budget_with_a_non_recomputable_value():
+    from solvers.forced_bound import memory_floor_bytes
+    from solvers.min_budget import min_budget
+
+    nodes = (Node(0, "a", 1.0, 4, recomputable=False), Node(1, "b", 1.0, 4, (0,)), Node(2, "c", 1.0, 4, (1,)),
+             Node(3, "d", 1.0, 1, (0, 2)))
+    g = Graph(nodes)
+    assert g.single_op_bound_bytes() == 9 and memory_floor_bytes(g) == 12
+    mb = min_budget(g, time_limit_s=20)
+    assert mb.budget_bytes == 12 and mb.proven and "non-recomputable" in mb.proof
+    plain = Graph(tuple(dataclasses.replace(nd, recomputable=True) for nd in nodes))
+    assert memory_floor_bytes(plain) == 9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=st.builds(with_random_ops, small_graphs, st.integers(0, 255)))
+def test_memory_floor_is_a_floor(graph):
+    from solvers.forced_bound import memory_floor_bytes
+
+    floor = memory_floor_bytes(graph)
+    assert floor >= graph.single_op_bound_bytes()
+    try:
+        below = optimal_cost(graph, floor - 1, max_states=200_000)
+    except SearchTooLargeError:
+        return
+    assert below is None
