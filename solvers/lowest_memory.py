@@ -14,7 +14,8 @@ activations longer. Each candidate is scored by the peak of its own stretch of t
 counts the waiting gradients as held throughout), so the variant without sharing is also built, and the one
 whose simulated peak is lower is returned.
 
-Graphs without backward nodes get the reference order (nothing is a gradient to wait for). Status HEURISTIC.
+Forward values that cannot be recomputed (dropout) are computed once and kept until read, like gradients. Graphs
+without backward nodes get the reference order (nothing is a gradient to wait for). Status HEURISTIC.
 """
 from __future__ import annotations
 
@@ -27,16 +28,16 @@ from solvers.base import Proposal
 MAX_GROUP = 3
 
 
-def _rebuild_order(graph: Graph, needed: list[int], backward: list[bool], cone: list[int], reverse: bool
+def _rebuild_order(graph: Graph, needed: list[int], kept: list[bool], cone: list[int], reverse: bool
                    ) -> list[int]:
-    """Forward ancestors of `needed` (and themselves) in a depth-first post-order."""
+    """`needed` and their ancestors up to kept values, in a depth-first post-order."""
     order: list[int] = []
     seen: set[int] = set()
     key = (lambda i: -cone[i]) if not reverse else (lambda i: cone[i])
     for root in sorted(dict.fromkeys(needed), key=key):
         if root in seen:
             continue
-        stack = [(root, iter(sorted((i for i in graph.inputs[root] if not backward[i]), key=key)))]
+        stack = [(root, iter(sorted((i for i in graph.inputs[root] if not kept[i]), key=key)))]
         seen.add(root)
         while stack:
             v, it = stack[-1]
@@ -46,7 +47,7 @@ def _rebuild_order(graph: Graph, needed: list[int], backward: list[bool], cone: 
                 order.append(v)
             else:
                 seen.add(nxt)
-                stack.append((nxt, iter(sorted((i for i in graph.inputs[nxt] if not backward[i]), key=key))))
+                stack.append((nxt, iter(sorted((i for i in graph.inputs[nxt] if not kept[i]), key=key))))
     return order
 
 
@@ -88,23 +89,28 @@ def _sequence(graph: Graph, max_group: int) -> list[int]:
     backward = [nd.backward for nd in graph.nodes]
     if not any(backward):
         return list(range(n))
-    cone = [0] * n  # number of forward ancestors (the depth-first order's key)
+    # kept: computed once and kept until read (backward values, and forward values that cannot be recomputed,
+    # such as dropout); every other forward value is rebuilt before each backward node that reads it
+    kept = [nd.backward or not nd.recomputable for nd in graph.nodes]
+    cone = [0] * n  # number of rebuilt ancestors (the depth-first order's key)
     anc: list[set[int]] = [set() for _ in range(n)]
     for v in range(n):
         for i in graph.inputs[v]:
-            if not backward[i]:
+            if not kept[i]:
                 anc[v] |= anc[i] | {i}
         cone[v] = len(anc[v])
     last_reader = [max(us) if us else -1 for us in graph.users]
     seq: list[int] = []
-    done_backward: list[int] = []
+    done_kept: list[int] = []
     x = 0
     while x < n:
         if not backward[x]:
             seq.append(x)
+            if kept[x]:
+                done_kept.append(x)
             x += 1
             continue
-        held = sum(int(graph.sizes[v]) for v in done_backward if last_reader[v] >= x or graph.nodes[v].retain)
+        held = sum(int(graph.sizes[v]) for v in done_kept if last_reader[v] >= x or graph.nodes[v].retain)
         chain = [x]
         while (len(chain) < max_group and chain[-1] + 1 < n and backward[chain[-1] + 1]
                and chain[-1] in graph.inputs[chain[-1] + 1]):
@@ -119,9 +125,9 @@ def _sequence(graph: Graph, max_group: int) -> list[int]:
                 # chain members computed in earlier groups of this candidate that are still to be read
                 extra = sum(int(graph.sizes[y]) for y in chain if y < group[0]
                             and (last_reader[y] >= group[0] or graph.nodes[y].retain))
-                needed = [f for y in group for f in graph.inputs[y] if not backward[f]]
+                needed = [f for y in group for f in graph.inputs[y] if not kept[f]]
                 later = {y for y in group if last_reader[y] > group[-1] or graph.nodes[y].retain}
-                options = [_rebuild_order(graph, needed, backward, cone, rev) + group for rev in (False, True)]
+                options = [_rebuild_order(graph, needed, kept, cone, rev) + group for rev in (False, True)]
                 scored = [(_segment_peak(graph, seg, held + extra, later), seg) for seg in options]
                 p, seg = min(scored, key=lambda z: z[0])
                 peak = max(peak, p)
@@ -131,7 +137,7 @@ def _sequence(graph: Graph, max_group: int) -> list[int]:
                 best = (peak, first, chain[:size])
         _, segment, chosen = best
         seq += segment
-        done_backward += chosen
+        done_kept += chosen
         x = chosen[-1] + 1
     return seq
 

@@ -13,11 +13,7 @@ from graphs.simulate import budget_from_multiplier, reference_peak_bytes
 from solvers.base import solve
 from solvers.forced_bound import conflict_rows, forced_recompute_bound
 from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
-
-
-def with_random_ops(graph: Graph, mask: int) -> Graph:
-    nodes = [dataclasses.replace(nd, recomputable=not (mask >> nd.id & 1)) for nd in graph.nodes]
-    return Graph(tuple(nodes), fixed_bytes=graph.fixed_bytes, name=graph.name)
+from tests.solvers.test_dtr import with_random_ops
 
 
 small_graphs = st.one_of(

@@ -9,6 +9,7 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes, simulate
 from solvers.base import solve
 from solvers.lowest_memory import lowest_memory_sequence
+from tests.solvers.test_dtr import with_random_ops
 
 graphs = st.one_of(
     st.builds(random_dag, st.integers(1, 14), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.2])),
@@ -18,7 +19,7 @@ graphs = st.one_of(
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=graphs, frac=st.floats(0.1, 1.1))
+@given(graph=st.builds(with_random_ops, graphs, st.integers(0, 2**14 - 1) | st.just(0)), frac=st.floats(0.1, 1.1))
 def test_valid_and_names_exactly_the_budget_it_meets(graph, frac):
     budget = int(frac * reference_peak_bytes(graph))
     sim = simulate(graph, Schedule.from_sequence(graph, lowest_memory_sequence(graph)))
