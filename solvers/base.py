@@ -66,6 +66,19 @@ def get_solver(name: str) -> SolverFn:
     return getattr(importlib.import_module(module), attr)
 
 
+def bisect_smallest(fails: int, works: int, feasible: Callable[[int], bool]) -> int:
+    """The smallest budget in (fails, works] where `feasible` holds, by bisection; `feasible(works)` is taken to
+    hold and `fails` to fail. Exact when feasibility is monotone in the budget, else some budget that works."""
+    lo, hi = int(fails), int(works)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def check_budget_floor(graph: Graph, budget_bytes: int, solver: str) -> None:
     """Raise InfeasibleBudgetError when the budget is below the single-operation bound.
 

@@ -33,7 +33,7 @@ from graphs.errors import InfeasibleBudgetError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes
-from solvers.base import Proposal
+from solvers.base import Proposal, bisect_smallest
 
 INF = math.inf
 
@@ -237,14 +237,7 @@ def smallest_budget(graph: Graph, feasible: Callable[[int], bool], failed_at: in
     monotone in the budget, so the result is a budget that works, not a proven minimum.
     """
     lo = max(int(failed_at), graph.single_op_bound_bytes() - 1)
-    hi = max(reference_peak_bytes(graph), lo + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return bisect_smallest(lo, max(reference_peak_bytes(graph), lo + 1), feasible)
 
 
 def infeasible(graph: Graph, budget_bytes: int, name: str, feasible: Callable[[int], bool],

@@ -28,7 +28,7 @@ import pulp
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
-from solvers.base import check_budget_floor
+from solvers.base import bisect_smallest, check_budget_floor
 
 
 @dataclass(frozen=True)
@@ -177,10 +177,4 @@ def memory_floor_bytes(graph: Graph) -> int:
 
     if fits(lo):
         return lo
-    while hi - lo > 1:  # fits(hi) holds: the reference order meets it
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return bisect_smallest(lo, hi, fits)  # fits(hi): the reference order meets it
