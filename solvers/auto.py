@@ -10,7 +10,7 @@ Plan (every step replayed by the simulator through solvers.base.solve):
 5. an exact solver with the remaining time: the Checkmate MILP up to MILP_MAX_NODES nodes, CP-SAT (hinted with
    the best schedule so far) up to CPSAT_MAX_NODES for training graphs (with backward nodes).
 The cheapest schedule wins; its status is OPTIMAL when an exact solver proved it or when it costs no more than the
-forced-recomputation bound. The reported lower bound is the larger of the exact solver's (for its schedule family,
+forced-recomputation bound (auto then stops at once, without the later steps). The reported lower bound is the larger of the exact solver's (for its schedule family,
 dropped when a schedule outside the family beats it) and the forced-recomputation bound (for every schedule);
 `info["bound_from"]` and `info["bound_scope"]` say which. `info["chosen"]` names the
 solver whose schedule was returned and `info["tried"]` lists every attempt.
@@ -78,8 +78,16 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     if first is not None:
         return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
     forced = _forced_bound(graph, budget_bytes, tried)
+
+    def proven() -> bool:
+        # a schedule costs no more than the bound for every schedule: nothing can do better
+        return forced is not None and bool(results) and \
+            min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
+
     for name in FAST_HEURISTICS:
         attempt(name, remaining())
+    if proven():
+        return _pick(graph, results, tried, exact=None, forced=forced)
     training = any(nd.backward for nd in graph.nodes)
     if graph.n <= MILP_MAX_NODES:
         exact_name = "milp"
@@ -94,6 +102,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     share = EVICT_SHARE_WITH_EXACT if exact_name else EVICT_SHARE_ALONE
     if remaining() > 0:
         attempt("evict", remaining() * share)
+    if proven():
+        return _pick(graph, results, tried, exact=None, forced=forced)
     exact: SolveResult | None = None
     if _is_chain(graph) and remaining() > 0:
         exact = attempt("chain_dp", remaining())
