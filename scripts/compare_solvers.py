@@ -93,7 +93,10 @@ def plot(rows: list[dict], path: Path) -> None:
                             label="below lower bound")
         ax.set_title(g)
         ax.set_xlabel("budget / reference peak")
-        ax.set_ylabel("overhead %")
+        # linear below 1 %, logarithmic above: the optima (0.1-10 %) and the lowest-memory rebuild (up to
+        # ~1500 %) share one axis
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylabel("overhead % (log above 1 %)")
         ax.invert_xaxis()
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(graphs):]:
