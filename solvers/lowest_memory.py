@@ -16,6 +16,10 @@ whose simulated peak is lower is returned.
 
 Forward values that cannot be recomputed (dropout) are computed once and kept until read, like gradients. Graphs
 without backward nodes get the reference order (nothing is a gradient to wait for). Status HEURISTIC.
+
+With `improve_s`, a greedy pass then keeps forward values from the forward pass instead of rebuilding them, as
+long as the schedule fits the budget (`keep_greedily`): at resnet50's smallest budget found (0.108 of the
+reference peak) it cuts the cost from 15.8x to 2.4x the graph's in 6 s; `auto` uses it when nothing else fits.
 """
 from __future__ import annotations
 
@@ -72,26 +76,27 @@ def _segment_peak(graph: Graph, segment: list[int], held_bytes: int, later: set[
     return peak
 
 
-def lowest_memory_sequence(graph: Graph) -> list[int]:
-    """The lower-peak sequence of the two variants (single rebuilds only, or rebuilds shared greedily); the
-    cheaper one when the peaks are equal."""
+def lowest_memory_sequence(graph: Graph, keep: frozenset[int] = frozenset(), max_groups=(1, MAX_GROUP)
+                           ) -> list[int]:
+    """The lower-peak sequence of the variants (single rebuilds only, or rebuilds shared greedily); the
+    cheaper one when the peaks are equal. `keep`: forward values kept from the forward pass instead of rebuilt."""
     best = None
-    for max_group in (1, MAX_GROUP):
-        seq = _sequence(graph, max_group)
+    for max_group in max_groups:
+        seq = _sequence(graph, max_group, keep)
         sim = simulate(graph, Schedule.from_sequence(graph, seq))
         if best is None or (sim.peak_bytes, sim.total_cost) < best[:2]:
             best = (sim.peak_bytes, sim.total_cost, seq)
     return best[2]
 
 
-def _sequence(graph: Graph, max_group: int) -> list[int]:
+def _sequence(graph: Graph, max_group: int, keep: frozenset[int] = frozenset()) -> list[int]:
     n = graph.n
     backward = [nd.backward for nd in graph.nodes]
     if not any(backward):
         return list(range(n))
-    # kept: computed once and kept until read (backward values, and forward values that cannot be recomputed,
-    # such as dropout); every other forward value is rebuilt before each backward node that reads it
-    kept = [nd.backward or not nd.recomputable for nd in graph.nodes]
+    # kept: computed once and kept until read (backward values, forward values that cannot be recomputed, such
+    # as dropout, and those in `keep`); every other forward value is rebuilt before each backward node reading it
+    kept = [nd.backward or not nd.recomputable or nd.id in keep for nd in graph.nodes]
     cone = [0] * n  # number of rebuilt ancestors (the depth-first order's key)
     anc: list[set[int]] = [set() for _ in range(n)]
     for v in range(n):
@@ -142,13 +147,49 @@ def _sequence(graph: Graph, max_group: int) -> list[int]:
     return seq
 
 
-def lowest_memory(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
+def lowest_memory(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
+                  improve_s: float | None = None) -> Proposal:
     """The schedule of the module docstring if it fits `budget_bytes`; else InfeasibleBudgetError naming its
-    peak (the smallest budget this strategy meets)."""
+    peak (the smallest budget this strategy meets).
+
+    improve_s: then spend up to this many seconds keeping forward values instead of rebuilding them, one at a
+    time (the largest rebuild cost first), wherever the schedule still fits the budget (`keep_greedily`).
+    """
     seq = lowest_memory_sequence(graph)
     sched = Schedule.from_sequence(graph, seq)
     sim = simulate(graph, sched)
     if sim.peak_bytes > budget_bytes:
         raise InfeasibleBudgetError(budget_bytes, sim.peak_bytes, "lowest_memory",
                                     "recomputing every forward value from scratch for each backward node peaks there")
-    return Proposal(sched, Status.HEURISTIC, info={"recomputations": len(seq) - graph.n})
+    info = {"recomputations": len(seq) - graph.n}
+    if improve_s:
+        seq, kept = keep_greedily(graph, budget_bytes, seq, improve_s)
+        sched = Schedule.from_sequence(graph, seq)
+        info.update(recomputations=len(seq) - graph.n, kept=len(kept))
+    return Proposal(sched, Status.HEURISTIC, info=info)
+
+
+def keep_greedily(graph: Graph, budget_bytes: int, seq: list[int], seconds: float) -> tuple[list[int], set[int]]:
+    """Keep forward values from the forward pass instead of rebuilding them, while the schedule fits.
+
+    Candidates are the rebuilt forward values, by the cost of their rebuilds in `seq` (largest first); each is
+    kept if the rebuilt schedule stays within `budget_bytes` and costs less. Stops after `seconds`."""
+    import time
+    from collections import Counter
+
+    deadline = time.perf_counter() + seconds
+    counts = Counter(seq)
+    cost = graph.costs
+    candidates = sorted((v for v in range(graph.n) if counts[v] > 1 and not graph.nodes[v].backward
+                         and graph.nodes[v].recomputable), key=lambda v: -(counts[v] - 1) * float(cost[v]))
+    best_cost = simulate(graph, Schedule.from_sequence(graph, seq)).total_cost
+    kept: set[int] = set()
+    for v in candidates:
+        if time.perf_counter() > deadline:
+            break
+        trial = lowest_memory_sequence(graph, frozenset(kept | {v}), max_groups=(1,))
+        sim = simulate(graph, Schedule.from_sequence(graph, trial))
+        if sim.peak_bytes <= budget_bytes and sim.total_cost < best_cost:
+            kept.add(v)
+            seq, best_cost = trial, sim.total_cost
+    return seq, kept
