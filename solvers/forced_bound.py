@@ -66,11 +66,12 @@ def _masks(graph: Graph) -> tuple[list[int], list[int]]:
     return anc, desc
 
 
-def conflict_rows(graph: Graph, budget_bytes: int) -> list[ConflictRow]:
+def conflict_rows(graph: Graph, budget_bytes: int, deadline: float | None = None) -> list[ConflictRow]:
     """The binding rows of the covering program (see the module docstring).
 
     Raises InfeasibleBudgetError when some node's inputs, output and non-recomputable conflict values alone
-    exceed the budget: no schedule of any kind fits then.
+    exceed the budget: no schedule of any kind fits then; NoSolutionInTimeError once time.perf_counter()
+    passes `deadline` (the scan is quadratic in the number of nodes: ~1 s for 1000).
     """
     n = graph.n
     sizes = [int(b) for b in graph.sizes]
@@ -84,6 +85,8 @@ def conflict_rows(graph: Graph, budget_bytes: int) -> list[ConflictRow]:
     recomputable = [nd.recomputable for nd in graph.nodes]
     rows: list[ConflictRow] = []
     for x in range(n):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise NoSolutionInTimeError(f"forced_bound: conflict sets not built in time ({x} of {n} nodes)")
         local = set(graph.inputs[x]) | {x}
         room = budget - sum(sizes[i] for i in local)
         members: list[int] = []
@@ -120,7 +123,7 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
     """
     t0 = time.perf_counter()
     check_budget_floor(graph, budget_bytes, "forced_bound")
-    rows = conflict_rows(graph, budget_bytes)
+    rows = conflict_rows(graph, budget_bytes, None if time_limit_s is None else t0 + time_limit_s)
     base = float(graph.total_cost)
     if not rows:
         return ForcedBound(base, (), True, 0)

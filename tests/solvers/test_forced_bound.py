@@ -111,3 +111,11 @@ def test_memory_floor_is_a_floor(graph):
     except SearchTooLargeError:
         return
     assert below is None
+
+
+def test_a_time_limit_too_short_to_scan_says_so(bench_dir):
+    from graphs.errors import NoSolutionInTimeError
+
+    g = load_benchmark(bench_dir / "rl1000.json")
+    with pytest.raises(NoSolutionInTimeError):
+        forced_recompute_bound(g, budget_from_multiplier(g, 0.5), time_limit_s=1e-6)
