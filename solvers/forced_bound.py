@@ -141,7 +141,9 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
         # sum over members of size (1 - y) <= room  <=>  sum size * y >= total - room
         prob += pulp.lpSum(int(sizes[v]) * y[v] for v in row.members) >= total - row.room_bytes
     limit = None if time_limit_s is None else max(0.5, time_limit_s - (time.perf_counter() - t0))
-    solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0)
+    from solvers.milp import _HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
+
+    solver = _HighsWithStart(start=None, msg=False, timeLimit=limit, gapRel=0.0)
     prob.solve(solver)
     h = prob.solverModel
     import highspy
