@@ -120,6 +120,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             ranked = sorted(results, key=lambda r: r.total_cost)
             if exact_name == "cpsat":
                 options["hint_sequence"] = ranked[0].schedule.computes
+                if forced is not None:
+                    options["known_lower_bound_cost"] = forced  # CP-SAT stops once a schedule meets it
             else:
                 options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         exact = attempt(exact_name, remaining(), **options)

@@ -293,7 +293,8 @@ def _stages_of(mdl: _Model, solver) -> list[list[int]]:
 
 def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, workers: int = 2,
           max_computations: int = 2, hint: bool = True, hint_sequence=None, rel_gap: float = 0.0,
-          feasibility_share: float = 0.8, parameters: dict | None = None, log: bool = False) -> Proposal:
+          feasibility_share: float = 0.8, parameters: dict | None = None, log: bool = False,
+          known_lower_bound_cost: float | None = None) -> Proposal:
     """Minimum-cost schedule of the family under `budget_bytes` (bytes), by CP-SAT.
 
     max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
@@ -302,6 +303,9 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     floored at the budget) from the no-recomputation schedule, for at most `feasibility_share` of the time left;
     its first schedule within budget warm-starts the cost phase. rel_gap: CP-SAT's relative gap limit (0: prove
     the exact optimum). parameters: extra SatParameters fields.
+    known_lower_bound_cost: a bound on the total cost that holds for every schedule (the forced-recomputation
+    bound); with exact cost units it becomes a row on the objective, so CP-SAT stops as soon as a schedule meets
+    it instead of proving it (mobilenet and resnet50 at 0.5-0.8).
     Raises InfeasibleBudgetError (below the single-operation bound, or CP-SAT proved that no member of the family
     fits) and NoSolutionInTimeError (no schedule within the time limit).
     """
@@ -386,6 +390,19 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                                         f"{budget_bytes} bytes")
     t_build = time.perf_counter()
     mdl = build_model(graph, budget_bytes, C)
+    if known_lower_bound_cost is not None and mdl.cost_exact:
+        need = (float(known_lower_bound_cost) - graph.total_cost) / mdl.cost_unit
+        floor_units = math.ceil(need - 1e-6 * max(1.0, abs(need)))  # the objective is an integer >= need
+        if floor_units > 0:
+            # the objective as a variable whose domain starts at the bound: CP-SAT's own bound then starts there
+            # and it ends (OPTIMAL) once a schedule reaches it (a side constraint alone did not lift its bound)
+            expr = sum(mdl.cost_units[u] * lit for u in range(graph.n) for lit in mdl.present[u][1:]
+                       if mdl.cost_units[u])
+            top = sum(mdl.cost_units[u] * (len(mdl.present[u]) - 1) for u in range(graph.n))
+            obj = mdl.model.NewIntVar(floor_units, max(floor_units, top), "recomputation_cost")
+            mdl.model.Add(obj == expr)
+            mdl.model.Minimize(obj)
+            info["known_lower_bound_units"] = floor_units
     info["build_seconds"] = time.perf_counter() - t_build
     info["cost_scaling"] = "exact" if mdl.cost_exact else "floored (the bound stays valid)"
     info["hint"] = hint_name if hint_seq is not None and _add_hint(mdl, graph, family_form(graph, hint_seq, C)) \

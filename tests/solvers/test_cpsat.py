@@ -75,6 +75,23 @@ def test_optimum_equals_exhaustive_search_over_the_family(g, C):
         assert got == want, f"budget {b}: cpsat {got}, exhaustive {want}"
 
 
+@pytest.mark.parametrize("g,C", CASES, ids=[f"{g.name}-C{C}" for g, C in CASES])
+def test_the_forced_bound_as_objective_floor_keeps_the_optimum(g, C):
+    from graphs.errors import InfeasibleBudgetError
+    from solvers.forced_bound import forced_recompute_bound
+
+    front = frontier(g, C)
+    for b in _budgets(g, front):
+        want = optimum(front, b)
+        try:
+            known = forced_recompute_bound(g, b).lower_bound_cost
+        except InfeasibleBudgetError:
+            assert want is None
+            continue
+        got = _cpsat_cost(g, b, max_computations=C, known_lower_bound_cost=known)
+        assert got == want, f"budget {b}: cpsat with the forced bound {got}, exhaustive {want}"
+
+
 def test_feasibility_phase_finds_the_same_optimum_without_a_hint():
     g = _with_extras(_linear(0), fixed_bytes=4, retain={3})
     front = frontier(g, 2)
