@@ -1,10 +1,10 @@
 """A lower bound on the cost of every schedule, of any order and any recomputation: forced recomputations.
 
-The argument. Let v be computed exactly once, and let x be a strict descendant of v such that some reader w of v
-(or the end of the schedule, when v is retained) comes after a strict descendant of x, or is one. Every
-computation of x follows v's single computation (x needs v's value, transitively), and some computation of x
-precedes the reader w's last computation (w needs x's value, transitively), so v is resident while that
-computation of x runs. Memory then is at least
+The argument. Take any node x and its first computation. Let v be a strict ancestor of x, not an input of x,
+that is computed exactly once and has a reader w that strictly descends from x (or is retained: its reader is
+the end of the schedule). v's single computation comes before x's first computation (x needs v's value,
+transitively), and x's first computation comes before every computation of w (w needs x's value, transitively),
+so v is resident during x's first computation: all such v at once. Memory then is at least
 
     fixed bytes + bytes(inputs of x, and x) + sum of bytes(v) over such v that are computed once.
 
@@ -15,7 +15,7 @@ value) whose optimum, added to one computation of every node, bounds the cost of
 non-recomputable value of V(x) always counts; if those alone overflow room(x), no schedule fits the budget.
 
 Unlike the MILP's and CP-SAT's bounds, which hold for their schedule families only, this bound holds for all
-schedules. It is weak where memory is spread thin (many small values), and exact where one large value must
+schedules. It is weak where memory is spread thin (many small values), and tight where one large value must
 be recomputed (segnet at half its reference peak: its first convolution, 40 % of the cost, has to run twice).
 `conflict_rows` also hands these rows to the stage MILP as cuts.
 """
