@@ -135,9 +135,10 @@ def test_windows_count_a_value_that_must_run_three_times():
 
 
 def test_windows_on_segnet_at_its_smallest_budget(bench_dir):
-    # its input (1.4 % of the cost) must run three times there: 42.18 % plain, 43.60 % with windows (measured)
+    # 42.18 % plain, 45.80 % with windows (measured): the stage MILP's proven optimum there (45.80 %, 182 s),
+    # so no schedule of any order beats that family's best
     g = load_benchmark(bench_dir / "segnet.json")
     b = g.single_op_bound_bytes()
     plain = forced_recompute_bound(g, b, windows=False).lower_bound_cost / g.total_cost - 1
-    windows = forced_recompute_bound(g, b).lower_bound_cost / g.total_cost - 1
-    assert round(100 * plain, 2) == 42.18 and round(100 * windows, 2) == 43.60
+    windows = forced_recompute_bound(g, b, time_limit_s=30).lower_bound_cost / g.total_cost - 1
+    assert round(100 * plain, 2) == 42.18 and round(100 * windows, 2) == 45.80
