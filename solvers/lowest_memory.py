@@ -23,10 +23,13 @@ reference peak) it cuts the cost from 15.8x to 2.4x the graph's in 6 s; `auto` u
 """
 from __future__ import annotations
 
+import time
+from collections import Counter
+
 from graphs.errors import InfeasibleBudgetError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
-from graphs.simulate import simulate
+from graphs.simulate import SimResult, simulate
 from solvers.base import Proposal
 
 MAX_GROUP = 3
@@ -80,13 +83,18 @@ def lowest_memory_sequence(graph: Graph, keep: frozenset[int] = frozenset(), max
                            ) -> list[int]:
     """The lower-peak sequence of the variants (single rebuilds only, or rebuilds shared greedily); the
     cheaper one when the peaks are equal. `keep`: forward values kept from the forward pass instead of rebuilt."""
+    return _best_variant(graph, keep, max_groups)[0]
+
+
+def _best_variant(graph: Graph, keep: frozenset[int], max_groups) -> tuple[list[int], SimResult]:
+    """`lowest_memory_sequence` with the simulation that chose it (so callers need not replay it again)."""
     best = None
     for max_group in max_groups:
         seq = _sequence(graph, max_group, keep)
         sim = simulate(graph, Schedule.from_sequence(graph, seq))
-        if best is None or (sim.peak_bytes, sim.total_cost) < best[:2]:
-            best = (sim.peak_bytes, sim.total_cost, seq)
-    return best[2]
+        if best is None or (sim.peak_bytes, sim.total_cost) < (best[1].peak_bytes, best[1].total_cost):
+            best = (seq, sim)
+    return best
 
 
 def _sequence(graph: Graph, max_group: int, keep: frozenset[int] = frozenset()) -> list[int]:
@@ -155,40 +163,35 @@ def lowest_memory(graph: Graph, budget_bytes: int, *, time_limit_s: float | None
     improve_s: then spend up to this many seconds keeping forward values instead of rebuilding them, one at a
     time (the largest rebuild cost first), wherever the schedule still fits the budget (`keep_greedily`).
     """
-    seq = lowest_memory_sequence(graph)
-    sched = Schedule.from_sequence(graph, seq)
-    sim = simulate(graph, sched)
+    seq, sim = _best_variant(graph, frozenset(), (1, MAX_GROUP))
     if sim.peak_bytes > budget_bytes:
         raise InfeasibleBudgetError(budget_bytes, sim.peak_bytes, "lowest_memory",
                                     "recomputing every forward value from scratch for each backward node peaks there")
     info = {"recomputations": len(seq) - graph.n}
     if improve_s:
-        seq, kept = keep_greedily(graph, budget_bytes, seq, improve_s)
-        sched = Schedule.from_sequence(graph, seq)
+        seq, kept = keep_greedily(graph, budget_bytes, seq, improve_s, cost=sim.total_cost)
         info.update(recomputations=len(seq) - graph.n, kept=len(kept))
-    return Proposal(sched, Status.HEURISTIC, info=info)
+    return Proposal(Schedule.from_sequence(graph, seq), Status.HEURISTIC, info=info)
 
 
-def keep_greedily(graph: Graph, budget_bytes: int, seq: list[int], seconds: float) -> tuple[list[int], set[int]]:
+def keep_greedily(graph: Graph, budget_bytes: int, seq: list[int], seconds: float, *, cost: float | None = None
+                  ) -> tuple[list[int], set[int]]:
     """Keep forward values from the forward pass instead of rebuilding them, while the schedule fits.
 
     Candidates are the rebuilt forward values, by the cost of their rebuilds in `seq` (largest first); each is
-    kept if the rebuilt schedule stays within `budget_bytes` and costs less. Stops after `seconds`."""
-    import time
-    from collections import Counter
-
+    kept if the rebuilt schedule stays within `budget_bytes` and costs less. Stops after `seconds`.
+    cost: `seq`'s simulated cost, when the caller has it."""
     deadline = time.perf_counter() + seconds
     counts = Counter(seq)
-    cost = graph.costs
+    costs = graph.costs
     candidates = sorted((v for v in range(graph.n) if counts[v] > 1 and not graph.nodes[v].backward
-                         and graph.nodes[v].recomputable), key=lambda v: -(counts[v] - 1) * float(cost[v]))
-    best_cost = simulate(graph, Schedule.from_sequence(graph, seq)).total_cost
+                         and graph.nodes[v].recomputable), key=lambda v: -(counts[v] - 1) * float(costs[v]))
+    best_cost = simulate(graph, Schedule.from_sequence(graph, seq)).total_cost if cost is None else cost
     kept: set[int] = set()
     for v in candidates:
         if time.perf_counter() > deadline:
             break
-        trial = lowest_memory_sequence(graph, frozenset(kept | {v}), max_groups=(1,))
-        sim = simulate(graph, Schedule.from_sequence(graph, trial))
+        trial, sim = _best_variant(graph, frozenset(kept | {v}), (1,))
         if sim.peak_bytes <= budget_bytes and sim.total_cost < best_cost:
             kept.add(v)
             seq, best_cost = trial, sim.total_cost
