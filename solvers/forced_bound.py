@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pulp
 
@@ -53,8 +54,10 @@ class ForcedBound:
     rows: int  # conflict rows that bind (their members do not all fit)
 
 
+@lru_cache(maxsize=4)
 def _masks(graph: Graph) -> tuple[list[int], list[int]]:
-    """Strict ancestors and strict descendants of every node, as bit masks."""
+    """Strict ancestors and strict descendants of every node, as bit masks (cached: a Graph is immutable, and
+    memory_floor_bytes's bisection and the window program ask again for the same graph)."""
     n = graph.n
     anc = [0] * n
     for v in range(n):
@@ -123,8 +126,9 @@ def conflict_rows(graph: Graph, budget_bytes: int, deadline: float | None = None
 MAX_WINDOW_VARIABLES = 20000  # window rows beyond this many variables are left out (the bound stays valid)
 
 
-def _solve_program(prob, time_limit_s: float | None):
-    """(proven, objective or dual bound, solved) of a PuLP minimisation by HiGHS; value None if nothing is known."""
+def _solve_program(prob, time_limit_s: float | None) -> tuple[bool, float | None]:
+    """(proven optimal, its objective or else HiGHS's dual bound) of a PuLP minimisation; the value is None if
+    HiGHS knows nothing within the limit."""
     from solvers.milp import _HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
     import highspy
 
@@ -144,10 +148,9 @@ def _window_program(graph: Graph, rows: list[ConflictRow]) -> pulp.LpProblem | N
     Per row x, r[v, x] says v is resident at x's first computation (T_x); e[v] counts v's extra computations.
     Rows: memory at each T_x; e[v] >= 1 - r[v, x]. Windows, for a row x1 and a row x2 that descends from x1 (so
     T_x1 < T_x2): an input u of x2 in V(x1) that is absent at T_x1 is computed between T_x1 and T_x2 (w[u] = 1),
-    and so is each input z of
-    such a value unless z is resident at T_x1 (w[z, p] >= w[u, p] - r[z, x1], up the ancestors). A value
-    computed in that window, absent at T_x2 and read after x2, is computed three times: before T_x1, in the window,
-    after T_x2 (e[z] >= w[z, p] + 1 - r[z, x2]). None when no window applies.
+    and so is each input z of such a value unless z is resident at T_x1 (w[z] >= w[u] - r[z, x1], up the
+    ancestors). A value computed in that window, absent at T_x2 and read after x2, is computed three times:
+    before T_x1, in the window, after T_x2 (e[z] >= w[z] + 1 - r[z, x2]). None when no window applies.
     """
     sizes = [int(b) for b in graph.sizes]
     costs = graph.costs
@@ -248,6 +251,7 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
         total = sum(int(sizes[v]) for v in row.members)
         # sum over members of size (1 - y) <= room  <=>  sum size * y >= total - room
         prob += pulp.lpSum(int(sizes[v]) * y[v] for v in row.members) >= total - row.room_bytes
+
     def left() -> float | None:
         return None if time_limit_s is None else max(0.5, time_limit_s - (time.perf_counter() - t0))
 
