@@ -10,10 +10,10 @@ Plan (every step replayed by the simulator through solvers.base.solve):
 5. an exact solver with the remaining time: the Checkmate MILP up to MILP_MAX_NODES nodes, CP-SAT (hinted with
    the best schedule so far) up to CPSAT_MAX_NODES for training graphs (with backward nodes).
 The cheapest schedule wins; its status is OPTIMAL when an exact solver proved it or when it costs no more than the
-forced-recomputation bound (auto then stops at once, without the later steps). The reported lower bound is the larger of the exact solver's (for its schedule family,
-dropped when a schedule outside the family beats it) and the forced-recomputation bound (for every schedule);
-`info["bound_from"]` and `info["bound_scope"]` say which. `info["chosen"]` names the
-solver whose schedule was returned and `info["tried"]` lists every attempt.
+forced-recomputation bound (auto then stops at once, without the later steps). The reported lower bound is the
+larger of the exact solver's (for its schedule family, dropped when a schedule outside the family beats it) and
+the forced-recomputation bound (for every schedule); `info["bound_from"]` and `info["bound_scope"]` say which.
+`info["chosen"]` names the solver whose schedule was returned and `info["tried"]` lists every attempt.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ EVICT_SHARE_WITH_EXACT = 0.25
 EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
-FORCED_BOUND_S = 5.0  # the forced-recomputation bound's covering program (solved in < 0.1 s on the benchmarks)
+FORCED_BOUND_S = 5.0  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to ~4 s with its windows)
 
 
 def _is_chain(graph: Graph) -> bool:

@@ -71,10 +71,12 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     floor = graph.single_op_bound_bytes()
-    floor_proof = "single-operation bound: a node needs its inputs and output resident together"
+    floor_name = "single-operation bound"
+    floor_proof = f"{floor_name}: a node needs its inputs and output resident together"
     raised = memory_floor_bytes(graph)
     if raised > floor:
-        floor, floor_proof = raised, ("forced-residency bound: a node needs its inputs and output resident together "
+        floor_name = "forced-residency bound"
+        floor, floor_proof = raised, (f"{floor_name}: a node needs its inputs and output resident together "
                                       "with the non-recomputable values that later nodes read")
     per_solve = max(1.0, time_limit_s / 8)
     res, named, _ = _try(graph, floor, HEURISTICS + EXACT, per_solve, deadline)
@@ -91,7 +93,7 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
         raise InfeasibleBudgetError(floor, None, "min_budget", "no solver met any budget it named")
     hi = best.peak_bytes  # met
     lo = floor  # floor - 1 is impossible; lo itself failed above but without proof
-    proof = floor_proof.split(":")[0]
+    proof = floor_name
     lo_proved = floor
     while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
         mid = (lo + hi) // 2
