@@ -19,7 +19,7 @@ without backward nodes get the reference order (nothing is a gradient to wait fo
 
 With `improve_s`, a greedy pass then keeps forward values from the forward pass instead of rebuilding them, as
 long as the schedule fits the budget (`keep_greedily`): at resnet50's smallest budget found (0.108 of the
-reference peak) it cuts the cost from 15.8x to 2.4x the graph's in 6 s; `auto` uses it when nothing else fits.
+reference peak) it cuts the cost from 15.8x to 2.4x the graph's in 5 s; `auto` uses it when nothing else fits.
 """
 from __future__ import annotations
 
