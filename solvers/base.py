@@ -45,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "dtr": "solvers.dtr:dtr",
     "dtr_local": "solvers.dtr:dtr_local",
     "evict": "solvers.evict:evict",
+    "rollout_search": "solvers.rollout_search:rollout_search",
     "lowest_memory": "solvers.lowest_memory:lowest_memory",
     "auto": "solvers.auto:auto",
 }
