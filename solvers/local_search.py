@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from graphs.ir import Graph
+from solvers.highs import quiet_highs
 
 
 class GapSearch:
@@ -355,7 +356,7 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
         for s in range(lo, hi + 1):
             seg_rows[s].append((c, b))
     inf = highspy.kHighsInf
-    h = _quiet_highs(highspy)
+    h = quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("log_to_console", False)
     if deadline is not None:
@@ -439,20 +440,3 @@ def drop_gap_milp(gs: GapSearch, budget_bytes: int, time_limit_s: float, warm: s
     gs.helpers = {key for key, hc in hcol.items() if xs[hc] > 0.5
                   and not (key in zcol and xs[zcol[key]] > 0.5)}
     return {c for c in range(m) if xs[c] > 0.5}, bound, status
-
-
-def _quiet_highs(highspy):
-    """A Highs object, made with stdout silenced: highspy prints a banner on the first one, before
-    output_flag can be cleared, and the command line promises one line of output."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            return highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)

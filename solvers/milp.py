@@ -41,6 +41,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
+from solvers.highs import HighsWithStart
 from solvers.stage_model import (free_matrix, modeled_memory, project_to_stage_family, ratio_kept_sequences,
                                  sequence_from_stages, stage_cost, stages_from_sequence)
 
@@ -291,47 +292,6 @@ def start_values(model: StageMILP, sequence: list[int]) -> dict[str, float] | No
 
 
 # ---- backends ----------------------------------------------------------------------------------------------
-class _HighsWithStart(pulp.HiGHS):
-    """PuLP's HiGHS API plus a MIP start (Highs.setSolution before the run)."""
-
-    def __init__(self, start: dict[str, float] | None = None, **kw):
-        super().__init__(**kw)
-        self.start = start
-        # PuLP copies the model into HiGHS row by row before the run; the limit covers that copy too
-        self.deadline = None if self.timeLimit is None else time.perf_counter() + float(self.timeLimit)
-
-    def createAndConfigureSolver(self, lp):
-        # highspy prints a banner on stdout when the first Highs object is made, before output_flag can be
-        # cleared; the command line promises one line of output, so silence the file descriptor meanwhile.
-        import sys
-
-        sys.stdout.flush()
-        saved = os.dup(1)
-        try:
-            with open(os.devnull, "w") as null:
-                os.dup2(null.fileno(), 1)
-                super().createAndConfigureSolver(lp)
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-    def callSolver(self, lp):
-        if self.start:
-            import highspy
-
-            h = lp.solverModel
-            vals = [0.0] * h.getNumCol()
-            for v in lp.variables():
-                vals[v.index] = self.start.get(v.name, 0.0)
-            sol = highspy.HighsSolution()
-            sol.col_value = vals
-            sol.value_valid = True
-            h.setSolution(sol)
-        if self.deadline is not None:
-            lp.solverModel.setOptionValue("time_limit", max(0.1, self.deadline - time.perf_counter()))
-        super().callSolver(lp)
-
-
 @dataclass
 class BackendResult:
     outcome: str  # "optimal" | "feasible" | "infeasible" | "no_solution" | "error" | "crashed"
@@ -346,7 +306,7 @@ def _run_highs(model: StageMILP, time_limit_s, mip_gap, threads, start, relax=Fa
     # HiGHS's default tolerances on purpose: with mip_feasibility_tolerance 1e-9, HiGHS 1.16 declared a
     # MIP start optimal on segnet at 0.8 (overhead 1.38 %, the optimum being 0.21 %). Memory overshoots from
     # the primal tolerance are caught by the simulator and solved again (see `milp`).
-    solver = _HighsWithStart(start=start, msg=False, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads,
+    solver = HighsWithStart(start=start, msg=False, timeLimit=time_limit_s, gapRel=mip_gap, threads=threads,
                              mip=not relax)
     model.prob.solve(solver)
     h = model.prob.solverModel
