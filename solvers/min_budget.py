@@ -5,9 +5,11 @@
    is a floor for every schedule. If a solver meets it, the minimum is proven.
 2. Otherwise every registered heuristic reports the smallest budget it can meet (its InfeasibleBudgetError names
    it); the least of these, met by a schedule, is the upper end.
-3. Bisection between the floor and that upper end, with the heuristics and then an exact solver (time-limited)
+3. The subgraph relaxation (solvers.subgraph_bound) raises the floor, for every schedule, where a small part of
+   the graph cannot be run within a budget in any order (resnet50: up to the upper end, which is then proven).
+4. Bisection between the floor and that upper end, with the heuristics and then an exact solver (time-limited)
    as the feasibility test, lowers the upper end; an exact solver's proof of infeasibility raises the lower end.
-   The proof is for the exact solver's schedule family, and the report says so.
+   That proof is for the exact solver's schedule family, and the report says so.
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from graphs.ir import Graph
 from graphs.schedule import SolveResult
 from solvers.base import solve, solver_names
 from solvers.forced_bound import memory_floor_bytes
+from solvers.subgraph_bound import subgraph_floor_bytes
 
 HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
 EXACT = ("cpsat", "milp")
+SUBGRAPH_SHARE = 0.25  # of the time limit, at most, for the subgraph relaxation
 
 
 @dataclass
@@ -95,6 +99,13 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
     lo = floor  # floor - 1 is impossible; lo itself failed above but without proof
     proof = floor_name
     lo_proved = floor
+    sub = subgraph_floor_bytes(graph, hi - 1, deadline=min(deadline, time.perf_counter() + SUBGRAPH_SHARE * time_limit_s))
+    if sub is not None and sub.budget_bytes > lo_proved:
+        lo_proved = sub.budget_bytes  # nothing below fits, in any schedule
+        lo = max(lo, lo_proved - 1)
+        proof = f"subgraph relaxation, for every schedule: {sub.describe(graph)}"
+        if lo_proved >= hi:
+            return MinBudget(hi, lo_proved, proof + f", and {best.solver}'s schedule meets {hi} bytes", best)
     while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
         mid = (lo + hi) // 2
         r, _, proofs = _try(graph, mid, HEURISTICS + EXACT, per_solve, deadline)
