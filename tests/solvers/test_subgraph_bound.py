@@ -84,3 +84,17 @@ def test_min_budget_reports_the_relaxation_as_its_proof():
     assert mb.budget_bytes == 13 and mb.proven and mb.lower_bound_bytes == 13
     assert mb.proof.startswith("subgraph relaxation, for every schedule")
     assert simulate(Graph(nodes), mb.result.schedule).peak_bytes <= 13
+
+
+def test_auto_says_when_no_schedule_of_any_kind_fits():
+    import pytest
+
+    from graphs.errors import InfeasibleBudgetError
+    from solvers.base import solve
+
+    nodes = (Node(0, "s", 1.0, 4), Node(1, "x", 1.0, 8, (0,)), Node(2, "a", 1.0, 1, (1,)),
+             Node(3, "y", 1.0, 8, (0,)), Node(4, "b", 1.0, 1, (3,)), Node(5, "j", 1.0, 1, (2, 4)))
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(Graph(nodes), 12, "auto", time_limit_s=20)  # the single-operation bound, one byte short
+    assert "no schedule of any kind fits (subgraph relaxation" in e.value.reason
+    assert e.value.min_budget_bytes == 13
