@@ -129,6 +129,13 @@ def pivot(rows: list[dict]) -> str:
             else:
                 vals.append("infeasible" if r["status"] == "infeasible" else r["status"])
         out.append(f"| {g} | {label} | " + " | ".join(vals) + " |")
+    mins = {r["graph"]: r for r in rows if str(r["multiplier"]) == "min" and r.get("min_budget_proof")}
+    if mins:
+        out += ["", "| graph | smallest budget (x reference) | proven | how nothing smaller is known to fail |",
+                "| --- | --- | --- | --- |"]
+        for g, r in mins.items():
+            out.append(f"| {g} | {r['budget_fraction']:.4f} | {'yes' if r['min_budget_proven'] else 'no'} | "
+                       f"{r['min_budget_proof']} |")
     return "\n".join(out) + "\n"
 
 
@@ -180,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         row = run_one(g, budget, solver, args.time_limit)
         row.update(graph=gname, multiplier=mult, budget_fraction=frac, graph_total_cost=g.total_cost,
                    reference_peak_bytes=ref)
+        if mult == "min":
+            mb = min_budgets[("min", gname)]
+            row.update(min_budget_proof=mb.proof, min_budget_proven=mb.proven,
+                       min_budget_lower_bytes=mb.lower_bound_bytes)
         rows.append(row)
         line = fmt_row(gname, mult, row, ref, g.total_cost)
         md.append(line)
