@@ -109,6 +109,8 @@ def subgraph_floor_bytes(graph: Graph, cap_bytes: int, *, max_nodes: int = MAX_N
     found: SubgraphFloor | None = None
     sinks = [y for y in range(graph.n) if len(set(graph.inputs[y])) >= 2]
     for y in reversed(sinks):  # training graphs: the backward pass, where the tight joins are, first
+        if deadline is not None and time.perf_counter() > deadline:
+            return found
         sources = []
         a = anc[y]
         while a:
