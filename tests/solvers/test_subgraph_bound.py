@@ -22,7 +22,8 @@ RESNET50_MIN_BUDGET = 4110417920  # met by lowest_memory (0.108 x the reference 
 @given(graph=small_graphs, data=st.data())
 def test_the_relaxation_over_any_node_set_never_exceeds_the_true_smallest_budget(graph, data):
     # the relaxation is a floor for every schedule whatever the set S: check it on random sets against the
-    # exhaustive search over all schedules
+    # exhaustive search over all schedules (with some fixed bytes too)
+    graph = Graph(graph.nodes, fixed_bytes=data.draw(st.integers(0, 6)), name=graph.name)
     truth = min_feasible_budget(graph)
     nodes = data.draw(st.sets(st.integers(0, graph.n - 1), min_size=1))
     sink = data.draw(st.sampled_from(sorted(nodes)))
@@ -61,6 +62,12 @@ def test_two_branches_whose_results_meet_need_more_than_any_single_operation():
     assert truth == 13
     found = subgraph_floor_bytes(g, truth - 1)
     assert found is not None and found.capped and found.budget_bytes == 13
+    # fixed bytes (parameters, inputs) shift everything by as much
+    g5 = Graph(nodes, fixed_bytes=5)
+    assert min_feasible_budget(g5) == 18
+    found = subgraph_floor_bytes(g5, 17)
+    assert found is not None and found.capped and found.budget_bytes == 18
+    assert relaxed_min_budget(g5, found.nodes, found.sink, 18) == 18
 
 
 def test_resnet50s_smallest_budget_is_proven_by_the_relaxation(bench_dir):
