@@ -37,8 +37,8 @@ EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
 ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most this long, this share of the time
-FORCED_BOUND_S = 5.0
-SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet50 below its smallest budget: 1.4 s)  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to ~4 s with its windows)
+FORCED_BOUND_S = 5.0  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to ~4 s with its windows)
+SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet50 below its smallest budget: 1.4 s)
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -138,14 +138,17 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
         exact = attempt(exact_name, remaining(), **options)
     if not results:
         proofs = [f"{e.solver}: {e.reason}" for e in infeasible if e.solver in ("milp", "cpsat", "chain_dp")]
-        known = [e.min_budget_bytes for e in infeasible if e.min_budget_bytes is not None]
         floor = graph.single_op_bound_bytes()
-        min_known = min(known) if known else None
         reason = ("no solver found a schedule; proofs for their schedule families: " + "; ".join(proofs) if proofs
                   else "no solver found a schedule within the time limit")
-        raise InfeasibleBudgetError(budget_bytes, min_known, "auto",
+        raise InfeasibleBudgetError(budget_bytes, _least_named(infeasible), "auto",
                                     f"{reason}; single-operation bound {floor} bytes")
     return _pick(graph, results, tried, exact=exact, forced=forced)
+
+
+def _least_named(infeasible: list[InfeasibleBudgetError]) -> int | None:
+    """The least budget the failing solvers named as one they meet (None if none did)."""
+    return min((e.min_budget_bytes for e in infeasible if e.min_budget_bytes is not None), default=None)
 
 
 def _raise_if_no_schedule_fits(graph: Graph, budget_bytes: int, infeasible: list[InfeasibleBudgetError],
@@ -156,8 +159,7 @@ def _raise_if_no_schedule_fits(graph: Graph, budget_bytes: int, infeasible: list
     sub = subgraph_floor_bytes(graph, budget_bytes, deadline=time.perf_counter() + seconds)
     if sub is None or not sub.capped:
         return
-    known = [e.min_budget_bytes for e in infeasible if e.min_budget_bytes is not None]
-    raise InfeasibleBudgetError(budget_bytes, min(known) if known else None, "auto",
+    raise InfeasibleBudgetError(budget_bytes, _least_named(infeasible), "auto",
                                 f"no schedule of any kind fits (subgraph relaxation: {sub.describe(graph)}); "
                                 f"the budget named is the least a heuristic meets")
 

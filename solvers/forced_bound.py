@@ -54,10 +54,19 @@ class ForcedBound:
     rows: int  # conflict rows that bind (their members do not all fit)
 
 
+def bits(mask: int):
+    """The positions of the set bits of `mask`, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
 @lru_cache(maxsize=4)
-def _masks(graph: Graph) -> tuple[list[int], list[int]]:
+def ancestor_masks(graph: Graph) -> tuple[list[int], list[int]]:
     """Strict ancestors and strict descendants of every node, as bit masks (cached: a Graph is immutable, and
-    memory_floor_bytes's bisection and the window program ask again for the same graph)."""
+    memory_floor_bytes's bisection, the window program and the subgraph relaxation ask again for the same
+    graph)."""
     n = graph.n
     anc = [0] * n
     for v in range(n):
@@ -84,7 +93,7 @@ def conflict_rows(graph: Graph, budget_bytes: int, deadline: float | None = None
     n = graph.n
     sizes = [int(b) for b in graph.sizes]
     budget = int(budget_bytes) - int(graph.fixed_bytes)
-    anc, desc = _masks(graph)
+    anc, desc = ancestor_masks(graph)
     users_mask = [0] * n
     for v in range(n):
         for w in graph.users[v]:
@@ -99,11 +108,7 @@ def conflict_rows(graph: Graph, budget_bytes: int, deadline: float | None = None
         room = budget - sum(sizes[i] for i in local)
         members: list[int] = []
         fixed = 0
-        a = anc[x]
-        while a:
-            low = a & -a
-            v = low.bit_length() - 1
-            a ^= low
+        for v in bits(anc[x]):
             if v in local or sizes[v] == 0:
                 continue
             if retained[v] or users_mask[v] & desc[x]:
@@ -171,7 +176,7 @@ def _window_program(graph: Graph, rows: list[ConflictRow]) -> pulp.LpProblem | N
             r[v, row.node] = prob.add_variable(f"r_{v}_{row.node}", 0, 1, pulp.LpBinary)
             prob += E(v) + r[v, row.node] >= 1
     windows = 0
-    _, desc = _masks(graph)
+    _, desc = ancestor_masks(graph)
     row_nodes = sorted(by_node)
     for row1 in rows:
         x1 = row1.node

@@ -99,7 +99,8 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
     lo = floor  # floor - 1 is impossible; lo itself failed above but without proof
     proof = floor_name
     lo_proved = floor
-    sub = subgraph_floor_bytes(graph, hi - 1, deadline=min(deadline, time.perf_counter() + SUBGRAPH_SHARE * time_limit_s))
+    sub_deadline = min(deadline, time.perf_counter() + SUBGRAPH_SHARE * time_limit_s)
+    sub = subgraph_floor_bytes(graph, hi - 1, deadline=sub_deadline)
     if sub is not None and sub.budget_bytes > lo_proved:
         lo_proved = sub.budget_bytes  # nothing below fits, in any schedule
         lo = max(lo, lo_proved - 1)

@@ -23,16 +23,12 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
 from solvers.dtr import Rollout, dtr_den, infeasible
-from solvers.evict import belady_den
+from solvers.evict import ROLLOUTS
 
 DEFAULT_TIME_LIMIT_S = 5.0
 SIGMAS = (0.3, 1.0, 2.0)
-# (name, denominator, rollout options), cycled over
-SCORES = (
-    ("dtr", dtr_den, {}),
-    ("belady", belady_den, {}),
-    ("belady_lookahead", belady_den, {"lookahead": True}),
-)
+# evict's three (name, denominator, rollout options), cycled over with DTR's first: dtr, belady, belady_lookahead
+SCORES = tuple(next(r for r in ROLLOUTS if r[0] == name) for name in ("dtr", "belady", "belady_lookahead"))
 
 
 def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, seed: int = 0,
@@ -63,8 +59,8 @@ def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | Non
             if done >= unperturbed:
                 sigma = rng.choice(SIGMAS)
                 bias = [math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(graph.n)]
-            seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap, deadline_s=max(deadline, 0.0)
-                          if done >= unperturbed else None, **opts)
+            seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap,
+                          deadline_s=deadline if done >= unperturbed else None, **opts)
             done += 1
             if seq is None:
                 continue

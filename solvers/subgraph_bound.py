@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from graphs.ir import Graph
-from solvers.forced_bound import _masks
+from solvers.forced_bound import ancestor_masks, bits
 
 MAX_NODES = 24
 MAX_STATES = 100_000
@@ -105,18 +105,14 @@ def subgraph_floor_bytes(graph: Graph, cap_bytes: int, *, max_nodes: int = MAX_N
     cap: a candidate that fails at every budget up to it proves cap_bytes + 1, and the search stops there).
 
     deadline: time.perf_counter() after which no further candidate starts. None when no candidate ran."""
-    anc, desc = _masks(graph)
+    anc, desc = ancestor_masks(graph)
     found: SubgraphFloor | None = None
     sinks = [y for y in range(graph.n) if len(set(graph.inputs[y])) >= 2]
     for y in reversed(sinks):  # training graphs: the backward pass, where the tight joins are, first
         if deadline is not None and time.perf_counter() > deadline:
             return found
         sources = []
-        a = anc[y]
-        while a:
-            low = a & -a
-            z = low.bit_length() - 1
-            a ^= low
+        for z in bits(anc[y]):
             between = desc[z] & anc[y]
             count = bin(between).count("1") + 2
             if count <= max_nodes:
@@ -129,7 +125,7 @@ def subgraph_floor_bytes(graph: Graph, cap_bytes: int, *, max_nodes: int = MAX_N
             mask = between | (1 << z) | (1 << y)
             if any(mask & ~m == 0 for m in done):
                 continue
-            nodes = [v for v in range(graph.n) if mask >> v & 1]
+            nodes = list(bits(mask))
             try:
                 b = relaxed_min_budget(graph, nodes, y, cap_bytes, max_states=max_states)
             except _TooLarge:
