@@ -26,10 +26,13 @@ class ScheduleFormatError(RematError, ValueError):
 
 
 class InfeasibleBudgetError(RematError):
-    """No schedule the solver can produce fits in the budget.
+    """It is proven that no schedule the solver can produce fits in the budget; `reason` names the proof and the
+    schedules it covers (every schedule: the single-operation bound, the subgraph relaxation, non-recomputable
+    values that must stay resident; or the solver's own family: an exact solver's proof, a baseline's one schedule).
+    A search that merely found nothing in time raises NoSolutionInTimeError instead.
 
     `min_budget_bytes` is the smallest budget the solver (or the proof at hand) knows to work;
-    `reason` says how that figure is known.
+    `reason` also says how that figure is known.
     """
 
     def __init__(self, budget_bytes: int, min_budget_bytes: int | None, solver: str, reason: str = ""):
@@ -56,11 +59,23 @@ class SpecialisationError(TraceError):
 
 
 class SolverError(RematError):
-    """A solver failed for a reason other than an infeasible budget (e.g. no solution within its time limit)."""
+    """A solver failed for a reason other than an infeasible budget (a backend failure, an invalid proposal)."""
 
 
 class NoSolutionInTimeError(SolverError):
-    """The solver's time limit ran out before it found any schedule."""
+    """The time limit ran out before any schedule within the budget was found. This proves nothing about the budget.
+
+    `min_budget_bytes` is the smallest budget known to work (a schedule met it), None when none is known;
+    `seconds` the time limit that ran out, where the raiser knows it.
+    """
+
+    def __init__(self, message: str, *, budget_bytes: int | None = None, min_budget_bytes: int | None = None,
+                 solver: str | None = None, seconds: float | None = None):
+        super().__init__(message)
+        self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
+        self.min_budget_bytes = None if min_budget_bytes is None else int(min_budget_bytes)
+        self.solver = solver
+        self.seconds = seconds
 
 
 class UnknownSolverError(RematError, KeyError):

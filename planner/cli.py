@@ -4,12 +4,15 @@
 `python -m planner plan MODULE:FACTORY --budget 1.5GB [--solver auto] [--cost-model auto] --out plan.json`
 `python -m planner show plan.json`
 
-Exit status: 0 on success, 2 for an infeasible budget or bad input, 3 when no schedule was found in time.
+Exit status: 0 on success; 2 for an infeasible budget (proven: the message names the proof and the smallest budget
+known to work) or bad input; 3 when no schedule was found within the time limit and nothing proves that none exists
+(the message names the best budget known to work, where one is known).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from graphs.benchmarks import load_benchmark
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
@@ -137,6 +140,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    t0 = time.perf_counter()
     try:
         if args.command == "solve":
             return cmd_solve(args)
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"infeasible: {e}", file=sys.stderr)
         return 2
     except NoSolutionInTimeError as e:
-        print(f"no solution: {e}", file=sys.stderr)
+        print(f"no schedule found in {time.perf_counter() - t0:.1f} s: {e}", file=sys.stderr)
         return 3
     except RematError as e:
         print(f"error: {e}", file=sys.stderr)

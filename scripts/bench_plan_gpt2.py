@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from graphs.errors import InfeasibleBudgetError  # noqa: E402
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
 from planner.api import solver_graph, trace_model  # noqa: E402
@@ -49,8 +49,8 @@ def main() -> None:
         p = plan(model, x, budget / GB, cost_model=args.cost_model, time_limit_s=args.time_limit, traced=traced)
         outcome = (f"predicted peak {p.predicted_peak_bytes / GB:.3f} GB, overhead {100 * p.overhead:.2f}%, "
                    f"status {p.status.value}, solver {p.solver}")
-    except InfeasibleBudgetError as e:
-        outcome = f"InfeasibleBudgetError: {e}"
+    except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
+        outcome = f"{type(e).__name__}: {e}"
     t_plan = time.perf_counter() - t1
     print(f"budget {budget / GB:.3f} GB ({args.frac:.0%} of checkpoint-all): plan() {t_plan:.1f} s, "
           f"trace + plan {t_trace + t_plan:.1f} s")

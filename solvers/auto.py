@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
 from graphs.schedule import SolveResult, Status
 from solvers.base import Proposal, check_budget_floor, solve, solver_names
@@ -37,8 +37,12 @@ EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
 ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most this long, this share of the time
-FORCED_BOUND_S = 5.0  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to ~4 s with its windows)
+FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
+# ~4 s with its windows): at most this long, this share of the time
 SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet50 below its smallest budget: 1.4 s)
+# Each fast heuristic gets at most this share of the time: they run in milliseconds to a second where they fit, but
+# where they do not, naming the smallest budget they meet is a bisection of rollouts (dtr on rl1000 at 0.8: 70 s).
+FAST_SHARE = 0.06
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -54,10 +58,12 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
     limit -= min(SAFETY_S, SAFETY_SHARE * limit)
     t0 = time.perf_counter()
+    full = limit
     check_budget_floor(graph, budget_bytes, "auto")
     tried: list[dict] = []
     results: list[SolveResult] = []
     infeasible: list[InfeasibleBudgetError] = []
+    timed_out: list[NoSolutionInTimeError] = []
 
     def attempt(name: str, seconds: float | None, **options) -> SolveResult | None:
         if name not in solver_names():
@@ -71,6 +77,12 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             return None
         except NoSolutionInTimeError as e:
             tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e)})
+            timed_out.append(e)
+            return None
+        except SolverError as e:
+            # a solver bug (an invalid or over-budget proposal) or a backend failure: the portfolio goes on
+            # without it, and says so in `tried`
+            tried.append({"solver": name, "outcome": "failed", "detail": f"{type(e).__name__}: {e}"})
             return None
         tried.append({"solver": name, "outcome": r.status.value, "total_cost": r.total_cost,
                       "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3)})
@@ -83,7 +95,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     first = attempt("checkpoint_all", None)
     if first is not None:
         return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
-    forced = _forced_bound(graph, budget_bytes, tried)
+    forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * full))
 
     def proven() -> bool:
         # a schedule costs no more than the bound for every schedule: nothing can do better
@@ -91,7 +103,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
 
     for name in FAST_HEURISTICS:
-        attempt(name, remaining())
+        attempt(name, min(remaining(), FAST_SHARE * full))
     if not results:
         _raise_if_no_schedule_fits(graph, budget_bytes, infeasible, min(SUBGRAPH_S, 0.2 * remaining()))
     if results and all(r.solver == "lowest_memory" for r in results):
@@ -137,18 +149,29 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
                 options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         exact = attempt(exact_name, remaining(), **options)
     if not results:
-        proofs = [f"{e.solver}: {e.reason}" for e in infeasible if e.solver in ("milp", "cpsat", "chain_dp")]
         floor = graph.single_op_bound_bytes()
-        reason = ("no solver found a schedule; proofs for their schedule families: " + "; ".join(proofs) if proofs
-                  else "no solver found a schedule within the time limit")
-        raise InfeasibleBudgetError(budget_bytes, _least_named(infeasible), "auto",
-                                    f"{reason}; single-operation bound {floor} bytes")
+        least = _least_named(infeasible, timed_out)
+        proofs = [f"{e.solver}: {e.reason}" for e in infeasible if e.solver in EXACT_SOLVERS]
+        if proofs:
+            raise InfeasibleBudgetError(budget_bytes, least, "auto",
+                                        "no solver found a schedule, and an exact solver proved that none of its "
+                                        "schedule family fits: " + "; ".join(proofs) +
+                                        f"; single-operation bound {floor} bytes")
+        known = "no budget is known to work" if least is None else f"the least budget known to work is {least} bytes"
+        raise NoSolutionInTimeError(
+            f"auto: no schedule found in {time.perf_counter() - t0:.1f} s for budget {budget_bytes} bytes, and nothing "
+            f"proves that none exists; {known} (single-operation bound {floor} bytes)",
+            budget_bytes=budget_bytes, min_budget_bytes=least, solver="auto", seconds=time_limit_s)
     return _pick(graph, results, tried, exact=exact, forced=forced)
 
 
-def _least_named(infeasible: list[InfeasibleBudgetError]) -> int | None:
+EXACT_SOLVERS = ("milp", "milp_cbc", "cpsat", "chain_dp")
+
+
+def _least_named(infeasible: list[InfeasibleBudgetError], timed_out: list[NoSolutionInTimeError] = ()) -> int | None:
     """The least budget the failing solvers named as one they meet (None if none did)."""
-    return min((e.min_budget_bytes for e in infeasible if e.min_budget_bytes is not None), default=None)
+    return min((e.min_budget_bytes for e in (*infeasible, *timed_out) if e.min_budget_bytes is not None),
+               default=None)
 
 
 def _raise_if_no_schedule_fits(graph: Graph, budget_bytes: int, infeasible: list[InfeasibleBudgetError],
@@ -164,7 +187,7 @@ def _raise_if_no_schedule_fits(graph: Graph, budget_bytes: int, infeasible: list
                                 f"the budget named is the least a heuristic meets")
 
 
-def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict]) -> float | None:
+def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: float) -> float | None:
     """The forced-recomputation bound (valid for every schedule), or None if it is not solved in a few seconds.
 
     Raises InfeasibleBudgetError when non-recomputable values make the budget infeasible for every schedule."""
@@ -172,7 +195,7 @@ def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict]) -> float |
 
     try:
         # the window rows cost 1-6 s on graphs of 185-1000 nodes and lifted no bound there at 0.5-0.9
-        fb = forced_recompute_bound(graph, budget_bytes, time_limit_s=FORCED_BOUND_S,
+        fb = forced_recompute_bound(graph, budget_bytes, time_limit_s=seconds,
                                     windows=graph.n <= MILP_MAX_NODES)
     except NoSolutionInTimeError:
         tried.append({"solver": "forced_bound", "outcome": "no solution in time"})

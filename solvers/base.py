@@ -16,6 +16,7 @@ from graphs.errors import InfeasibleBudgetError, ScheduleError, SolverError, Unk
 from graphs.ir import Graph
 from graphs.schedule import Schedule, SolveResult, Status
 from graphs.simulate import simulate
+from solvers.deadline import passed
 
 
 @dataclass
@@ -67,17 +68,23 @@ def get_solver(name: str) -> SolverFn:
     return getattr(importlib.import_module(module), attr)
 
 
-def bisect_smallest(fails: int, works: int, feasible: Callable[[int], bool]) -> int:
-    """The smallest budget in (fails, works] where `feasible` holds, by bisection; `feasible(works)` is taken to
-    hold and `fails` to fail. Exact when feasibility is monotone in the budget, else some budget that works."""
+def bisect_smallest(fails: int, works: int, feasible: Callable[[int], bool | None],
+                    deadline: float | None = None) -> tuple[int, int]:
+    """Bisection for the smallest budget in (fails, works] where `feasible` holds: returns (lo, hi), lo failing
+    and hi working. `feasible(works)` is taken to hold and `fails` to fail. The search stops early, with a wider
+    interval, once `deadline` (time.perf_counter()) passes or `feasible` answers None (it did not finish in time);
+    otherwise hi == lo + 1. Exact when feasibility is monotone in the budget, else hi is some budget that works."""
     lo, hi = int(fails), int(works)
-    while hi - lo > 1:
+    while hi - lo > 1 and not passed(deadline):
         mid = (lo + hi) // 2
-        if feasible(mid):
+        ok = feasible(mid)
+        if ok is None:
+            break
+        if ok:
             hi = mid
         else:
             lo = mid
-    return hi
+    return lo, hi
 
 
 def check_budget_floor(graph: Graph, budget_bytes: int, solver: str) -> None:

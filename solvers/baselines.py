@@ -14,11 +14,12 @@ import math
 import networkx as nx
 import numpy as np
 
-from graphs.errors import InfeasibleBudgetError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
+from solvers.deadline import deadline_after, passed
 from solvers.keep import schedule_from_kept, sequence_from_kept
 
 
@@ -72,9 +73,11 @@ def chen_sqrtn_linear(graph: Graph, budget_bytes: int, *, time_limit_s: float | 
     return _sqrtn(graph, budget_bytes, True, "chen_sqrtn_linear")
 
 
-def greedy_kept(graph: Graph, linearized: bool, threshold_bytes: float) -> list[int]:
-    """Chen's greedy: accumulate forward bytes; keep a candidate once the run exceeds the threshold."""
-    cset = set(candidates(graph, linearized))
+def greedy_kept(graph: Graph, linearized: bool, threshold_bytes: float, cset: set[int] | None = None) -> list[int]:
+    """Chen's greedy: accumulate forward bytes; keep a candidate once the run exceeds the threshold.
+    cset: the candidates, when the caller has them (a sweep over thresholds computes them once)."""
+    if cset is None:
+        cset = set(candidates(graph, linearized))
     kept, run = [], 0
     for v in forward_nodes(graph):
         run += int(graph.sizes[v])
@@ -93,12 +96,21 @@ def greedy_thresholds(graph: Graph, count: int = 64) -> list[float]:
     return [0.0, *np.geomspace(low, total, count).tolist(), math.inf]
 
 
-def _greedy(graph: Graph, budget_bytes: int, linearized: bool, name: str) -> Proposal:
+def _greedy(graph: Graph, budget_bytes: int, linearized: bool, name: str, time_limit_s: float | None) -> Proposal:
+    deadline = deadline_after(time_limit_s)
     best = None  # (cost, peak, kept, schedule)
     min_peak = None
     seen: set[tuple[int, ...]] = set()
-    for b in greedy_thresholds(graph):
-        kept = tuple(greedy_kept(graph, linearized, b))
+    thresholds = greedy_thresholds(graph)
+    cset = set(candidates(graph, linearized))
+    for k, b in enumerate(thresholds):
+        if passed(deadline):
+            if best is None:
+                raise NoSolutionInTimeError(f"{name}: no threshold fitted in the {k} of {len(thresholds)} tried "
+                                            f"within {time_limit_s:g} s", budget_bytes=budget_bytes,
+                                            min_budget_bytes=min_peak, solver=name, seconds=time_limit_s)
+            break
+        kept = tuple(greedy_kept(graph, linearized, b, cset))
         if kept in seen:
             continue
         seen.add(kept)
@@ -114,8 +126,8 @@ def _greedy(graph: Graph, budget_bytes: int, linearized: bool, name: str) -> Pro
 
 
 def chen_greedy(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
-    return _greedy(graph, budget_bytes, False, "chen_greedy")
+    return _greedy(graph, budget_bytes, False, "chen_greedy", time_limit_s)
 
 
 def chen_greedy_linear(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
-    return _greedy(graph, budget_bytes, True, "chen_greedy_linear")
+    return _greedy(graph, budget_bytes, True, "chen_greedy_linear", time_limit_s)

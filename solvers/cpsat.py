@@ -37,6 +37,7 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
 from solvers.cpsat_greedy import best_greedy_sequence
+from solvers.deadline import check, deadline_after, seconds_left
 from solvers.cpsat_family import FamilyForm, computation_limits, event_time, family_form, sequence_from_stages
 
 SOLVER_NAME = "cpsat"
@@ -97,11 +98,12 @@ def last_useful_stages(graph: Graph) -> list[int]:
 
 
 def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
-                peak_objective_upto: int | None = None) -> _Model:
+                peak_objective_upto: int | None = None, deadline: float | None = None) -> _Model:
     """The CP-SAT model of the family under `budget_bytes` (see the module docstring).
 
     peak_objective_upto: build the feasibility phase instead: the capacity is a variable between the budget and
     this many bytes, and the objective is that capacity (so reaching the budget ends the phase at once).
+    deadline (time.perf_counter()): NoSolutionInTimeError once it passes during the build.
     """
     from ortools.sat.python import cp_model
 
@@ -117,6 +119,7 @@ def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
     sizes = [int(b) for b in graph.sizes]
     g_bytes = reduce(math.gcd, [b for b in sizes if b > 0], 0) or 1
     for u in range(n):
+        check(deadline, f"CP-SAT: building the model ({u} of {n} nodes)", budget_bytes=budget_bytes)
         pu, ku, eu, zu = [None], [u], [], []
         t0 = event_time(n, u, u)
         last = last_stage[u]
@@ -165,6 +168,7 @@ def build_model(graph: Graph, budget_bytes: int, max_computations: int = 2, *,
     mdl = _Model(m, n, H, present, stage, end, size)
     # every input of every computation is resident: served by one computation of the input
     for v in range(n):
+        check(deadline, f"CP-SAT: building the model's input rows ({v} of {n} nodes)", budget_bytes=budget_bytes)
         for j in range(limits[v]):
             tv = event_time(n, v, v) if j == 0 else stage[v][j] * n + v
             for u in graph.inputs[v]:
@@ -238,15 +242,19 @@ def _add_hint(mdl: _Model, graph: Graph, form: FamilyForm) -> bool:
     return True
 
 
-def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int) -> tuple[list[int] | None, str | None, int | None]:
-    """The cheapest baseline schedule that fits the budget and lies in the family, and the lowest baseline peak."""
+def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int, deadline: float | None = None
+                   ) -> tuple[list[int] | None, str | None, int | None]:
+    """The cheapest baseline schedule that fits the budget and lies in the family, and the lowest baseline peak
+    (baselines not finished by `deadline` are left out)."""
     from solvers import baselines
 
     best, best_name, best_cost, min_peak = None, None, math.inf, None
     for name in ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "chen_sqrtn", "chen_sqrtn_linear"):
         fn = getattr(baselines, name)
         try:
-            prop = fn(graph, budget_bytes)
+            prop = fn(graph, budget_bytes, time_limit_s=seconds_left(deadline))
+        except NoSolutionInTimeError:
+            continue
         except InfeasibleBudgetError as e:
             if e.min_budget_bytes is not None:
                 min_peak = e.min_budget_bytes if min_peak is None else min(min_peak, e.min_budget_bytes)
@@ -318,10 +326,11 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     budget_bytes = int(budget_bytes)
     C = int(max_computations)
 
+    # one deadline for everything below (hints, builds, both phases), with a margin for reading the solution back
+    deadline = deadline_after(None if time_limit_s is None else 0.97 * time_limit_s)
+
     def left() -> float | None:
-        if time_limit_s is None:
-            return None
-        return time_limit_s * 0.97 - (time.perf_counter() - t_start)
+        return seconds_left(deadline)
 
     params = default_parameters(workers)
     params.update(parameters or {})
@@ -335,9 +344,9 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         if peak <= budget_bytes:
             hint_seq, hint_name, min_known = list(hint_sequence), "given", peak
     if hint and hint_seq is None:
-        hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, C)
+        hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, C, deadline)
     if hint and hint_seq is None:
-        seq = best_greedy_sequence(graph, budget_bytes, C)
+        seq = best_greedy_sequence(graph, budget_bytes, C, deadline=deadline)
         if seq is not None:
             hint_seq, hint_name = seq, "greedy"
     if hint_seq is None:
@@ -351,7 +360,7 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 above = budget_bytes + (ref_peak - budget_bytes) * step // 20
                 if left() is not None and left() < 0.8 * time_limit_s:
                     break
-                seq = best_greedy_sequence(graph, above, C, variants=(1.0, 0.5))
+                seq = best_greedy_sequence(graph, above, C, variants=(1.0, 0.5), deadline=deadline)
                 if seq is not None:
                     start, start_name = seq, f"greedy at {above} bytes"
                     break
@@ -359,7 +368,7 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if hint_seq is None and start_peak <= budget_bytes:
         hint_seq, hint_name = start, start_name
     if hint_seq is None:
-        fmdl = build_model(graph, budget_bytes, C, peak_objective_upto=start_peak)
+        fmdl = build_model(graph, budget_bytes, C, peak_objective_upto=start_peak, deadline=deadline)
         _add_hint(fmdl, graph, family_form(graph, start, C))
         share = None if left() is None else left() * feasibility_share
         fparams = feasibility_parameters(workers)
@@ -389,7 +398,15 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                                         f"(feasibility phase {fsolver.StatusName(fcode)}) for {graph.name} at "
                                         f"{budget_bytes} bytes")
     t_build = time.perf_counter()
-    mdl = build_model(graph, budget_bytes, C)
+    try:
+        mdl = build_model(graph, budget_bytes, C, deadline=deadline)
+    except NoSolutionInTimeError:
+        if hint_seq is None:
+            raise
+        info["returned"] = "the hint (the time limit ran out while building the cost model)"
+        return Proposal(Schedule.from_sequence(graph, hint_seq),
+                        Status.HEURISTIC if hint_name != "feasibility phase" else Status.FEASIBLE,
+                        lower_bound_cost=None, info=info)
     if known_lower_bound_cost is not None and mdl.cost_exact:
         need = (float(known_lower_bound_cost) - graph.total_cost) / mdl.cost_unit
         floor_units = math.ceil(need - 1e-6 * max(1.0, abs(need)))  # the objective is an integer >= need

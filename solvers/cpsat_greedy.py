@@ -15,6 +15,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule
 from graphs.simulate import simulate
 from solvers.cpsat_family import computation_limits, family_form
+from solvers.deadline import passed
 
 
 def _missing_closure(graph: Graph, roots, resident: set[int]) -> set[int]:
@@ -56,8 +57,9 @@ def _needed_back(graph: Graph, pending: set[int], resident: set[int], next_use, 
 
 
 def greedy_family_sequence(graph: Graph, budget_bytes: int, max_computations: int = 2,
-                           size_power: float = 1.0) -> list[int] | None:
-    """A family member's compute sequence that the greedy keeps within `budget_bytes`, or None."""
+                           size_power: float = 1.0, deadline: float | None = None) -> list[int] | None:
+    """A family member's compute sequence that the greedy keeps within `budget_bytes`, or None (also when
+    `deadline`, a time.perf_counter() value, passes first)."""
     n = graph.n
     sizes = [int(b) for b in graph.sizes]
     costs = [float(c) for c in graph.costs]
@@ -77,6 +79,8 @@ def greedy_family_sequence(graph: Graph, budget_bytes: int, max_computations: in
         return None
 
     for k in range(n):
+        if passed(deadline):
+            return None
         pending = {p for p in pending if next_use(p, k - 1) is not None}
         todo = sorted(_missing_closure(graph, graph.inputs[k], resident)) + [k]
         for x in todo[:-1]:
@@ -125,11 +129,13 @@ def greedy_family_sequence(graph: Graph, budget_bytes: int, max_computations: in
 
 
 def best_greedy_sequence(graph: Graph, budget_bytes: int, max_computations: int = 2,
-                         variants: tuple[float, ...] = (1.0, 0.5, 2.0, 0.0)) -> list[int] | None:
-    """The cheapest of a few greedy variants that fits the budget in the simulator, or None."""
+                         variants: tuple[float, ...] = (1.0, 0.5, 2.0, 0.0), deadline: float | None = None
+                         ) -> list[int] | None:
+    """The cheapest of a few greedy variants that fits the budget in the simulator, or None. Variants not
+    finished by `deadline` (time.perf_counter()) are left out."""
     best, best_cost = None, None
     for p in variants:
-        seq = greedy_family_sequence(graph, budget_bytes, max_computations, size_power=p)
+        seq = greedy_family_sequence(graph, budget_bytes, max_computations, size_power=p, deadline=deadline)
         if seq is None:
             continue
         sim = simulate(graph, Schedule.from_sequence(graph, seq))

@@ -29,11 +29,12 @@ import math
 import time
 from typing import Callable
 
-from graphs.errors import InfeasibleBudgetError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes
 from solvers.base import Proposal, bisect_smallest
+from solvers.deadline import deadline_after, passed
 
 INF = math.inf
 
@@ -90,7 +91,7 @@ class Rollout:
         only when no evicted tensor depends on it).
         max_computes: give up (None) after this many computations (default 20 n + 100): a
         rollout that recomputes that much is of no use, and it could take very long.
-        deadline_s: give up (None) once time.perf_counter() passes it (checked at every step).
+        deadline_s: give up (None) once time.perf_counter() passes it (checked before every computation).
         neighbourhood: recompute_cost counts the missing ancestors (h_DTR); False counts u's own cost only
         (DTR's h_DTR-local).
         """
@@ -180,6 +181,9 @@ class Rollout:
             if ok and len(seq) >= max_seq:
                 self.stuck = dict(step=t, node=x, reason=f"over {max_seq} computations")
                 ok = False
+            if ok and deadline_s is not None and time.perf_counter() > deadline_s:
+                self.stuck = dict(step=t, node=x, reason="deadline")
+                ok = False
             if ok and make_room(t, x):
                 state["clock"] += 1
                 resident[x] = True
@@ -229,39 +233,63 @@ def dtr_den(eng: Rollout, u: int, step: int, next_use: int, clock: int) -> float
     return max(eng.size[u], 1) * (clock - eng.last_access[u] + 1)
 
 
-def smallest_budget(graph: Graph, feasible: Callable[[int], bool], failed_at: int) -> int:
-    """Bisection for the smallest budget above `failed_at` where `feasible` holds.
+def smallest_budget(graph: Graph, feasible: Callable[[int], bool | None], failed_at: int,
+                    deadline: float | None = None) -> tuple[int, bool]:
+    """Bisection for the smallest budget above `failed_at` where `feasible` holds: (that budget, complete).
 
     The search runs between max(failed_at, single-op bound - 1) (taken as failing) and the
     reference peak, where every rollout succeeds (it never evicts there). The greedy is not
-    monotone in the budget, so the result is a budget that works, not a proven minimum.
+    monotone in the budget, so the result is a budget that works, not a proven minimum. Once
+    `deadline` passes (or `feasible` answers None), the least budget found to work so far is
+    returned with complete=False.
     """
     lo = max(int(failed_at), graph.single_op_bound_bytes() - 1)
-    return bisect_smallest(lo, max(reference_peak_bytes(graph), lo + 1), feasible)
+    _, hi = bisect_smallest(lo, max(reference_peak_bytes(graph), lo + 1), feasible, deadline)
+    return hi, not passed(deadline)
 
 
-def infeasible(graph: Graph, budget_bytes: int, name: str, feasible: Callable[[int], bool],
-               what: str) -> InfeasibleBudgetError:
-    """The error for a budget the heuristic cannot meet, naming the smallest it meets (bisection)."""
+def infeasible(graph: Graph, budget_bytes: int, name: str, feasible: Callable[[int], bool | None],
+               what: str, deadline: float | None = None) -> InfeasibleBudgetError:
+    """The error for a budget the heuristic's own deterministic part cannot meet (a fact about its schedule, not a
+    proof for all schedules), naming the smallest budget it meets (bisection, cut at `deadline`)."""
     floor = graph.single_op_bound_bytes()
-    low = smallest_budget(graph, feasible, max(int(budget_bytes), floor - 1))
+    low, complete = smallest_budget(graph, feasible, max(int(budget_bytes), floor - 1), deadline)
     if low == floor:
         reason = "single-operation bound: some node needs its inputs and output resident together; it meets that"
-    else:
+    elif complete:
         reason = (f"the smallest budget above the requested one at which {what}, found by bisection "
                   f"(not a proof: the single-operation bound is {floor} bytes)")
-    return InfeasibleBudgetError(budget_bytes, low, name, reason)
+    else:
+        reason = (f"a budget at which {what}; the bisection for the smallest was cut at the time limit "
+                  f"(the single-operation bound is {floor} bytes)")
+    return InfeasibleBudgetError(budget_bytes, low, name, f"{name}'s schedule does not fit; {reason}")
 
 
-def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, **run_options) -> list[int]:
-    """Run the rollout; raise InfeasibleBudgetError naming the smallest budget it meets."""
+def rollout_or_none(eng: Rollout, budget_bytes: int, den: Callable, deadline: float | None, **run_options
+                    ) -> bool | None:
+    """Whether a rollout fits `budget_bytes`: True, False, or None when `deadline` cut it short."""
+    seq = eng.run(budget_bytes, den, deadline_s=deadline, **run_options)
+    if seq is not None:
+        return True
+    return None if (eng.stuck or {}).get("reason") == "deadline" else False
+
+
+def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, deadline: float | None = None,
+                    **run_options) -> list[int]:
+    """Run the rollout; raise InfeasibleBudgetError naming the smallest budget it meets, or NoSolutionInTimeError
+    when `deadline` passes first."""
     eng = Rollout(graph)
-    seq = eng.run(budget_bytes, den, **run_options) if budget_bytes >= graph.single_op_bound_bytes() else None
+    seq = None
+    if budget_bytes >= graph.single_op_bound_bytes():
+        seq = eng.run(budget_bytes, den, deadline_s=deadline, **run_options)
+        if seq is None and eng.stuck.get("reason") == "deadline":
+            raise NoSolutionInTimeError(f"{name}: its rollout did not finish within the time limit",
+                                        budget_bytes=budget_bytes, solver=name)
     if seq is None:
         # a rollout that succeeds under a smaller computation cap succeeds the same way without it
         small = dict(run_options, max_computes=4 * graph.n + 100)
-        raise infeasible(graph, budget_bytes, name, lambda b: eng.run(b, den, **small) is not None,
-                         "its greedy eviction does not get stuck")
+        raise infeasible(graph, budget_bytes, name, lambda b: rollout_or_none(eng, b, den, deadline, **small),
+                         "its greedy eviction does not get stuck", deadline)
     return seq
 
 
@@ -274,7 +302,8 @@ def dtr(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     neighbourhood=False scores by u's own cost only (`dtr_local`).
     """
     name = "dtr" if neighbourhood else "dtr_local"
-    seq = greedy_sequence(graph, budget_bytes, dtr_den, name, zombies=zombies, neighbourhood=neighbourhood)
+    seq = greedy_sequence(graph, budget_bytes, dtr_den, name, deadline_after(time_limit_s), zombies=zombies,
+                          neighbourhood=neighbourhood)
     sched = Schedule.from_sequence(graph, seq)
     return Proposal(sched, Status.HEURISTIC, info={"recomputations": len(seq) - graph.n, "zombies": zombies,
                                                    "neighbourhood": neighbourhood})

@@ -20,20 +20,22 @@ Knowing the whole future, two families of schedules are tried under the budget:
    plain family's optimum is 5.39 %).
 
 Every candidate is replayed by the simulator; the cheapest within budget is returned (status
-HEURISTIC). The time limit (default 60 s) bounds the improvement phase; the first cover and the
-rollouts always run. If nothing fits, InfeasibleBudgetError names the smallest budget at which
-the deterministic part (rollouts with the Belady score, or the first cover) succeeds.
+HEURISTIC). The time limit (default 60 s) is a hard limit for every part. If nothing fits,
+InfeasibleBudgetError names the smallest budget at which the deterministic part (rollouts with
+the Belady score, or the first cover) succeeds (a fact about this heuristic, not a proof for all
+schedules); if the time runs out before the deterministic part has run, NoSolutionInTimeError.
 """
 from __future__ import annotations
 
 import time
 
-from graphs.errors import ScheduleError
+from graphs.errors import NoSolutionInTimeError, ScheduleError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
-from solvers.dtr import Rollout, dtr_den, infeasible
+from solvers.deadline import passed
+from solvers.dtr import Rollout, dtr_den, infeasible, rollout_or_none
 from solvers.local_search import GapSearch, drop_gap_milp
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -78,22 +80,23 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         if sim.peak_bytes <= budget_bytes:
             found.append((sim.total_cost, name, sched))
 
+    deadline = t0 + limit
     eng = Rollout(graph)
     gs = GapSearch(graph)
     chosen = None
     milp_status, family_bound, chain_status = None, None, None
     if budget_bytes >= graph.single_op_bound_bytes():
-        # the first rollout always completes (the infeasible-budget search relies on it); a
-        # rollout that needs over 4 n computations is useless, and the others share a time cap
+        # a rollout that needs over 4 n computations is useless; the first may use the whole time, the others
+        # share a quarter of it
         cap = 4 * graph.n + 100
         for k, (name, den, opts) in enumerate(ROLLOUTS):
-            stop = None if k == 0 else t0 + 0.25 * limit
+            stop = deadline if k == 0 else min(deadline, t0 + 0.25 * limit)
             consider(name, eng.run(budget_bytes, den, max_computes=cap, deadline_s=stop, **opts))
         # keep a margin for the replay and the checks after the search; the ruin-and-recreate
         # search gets a fifth of the time when the MILP over the same family follows it
         end = t0 + 0.92 * limit - 0.3
-        deadline = t0 + ((0.2 * limit if use_milp else 0.92 * limit - 0.3) if improve else 0.0)
-        chosen = gs.solve(budget_bytes, deadline, seed=seed)
+        search_end = t0 + ((0.2 * limit if use_milp else 0.92 * limit - 0.3) if improve else 0.0)
+        chosen = gs.solve(budget_bytes, search_end, seed=seed)
         if chosen is not None:
             consider("drop_gap", gs.sequence(chosen))
         # chains of recomputation (helpers) pay off on training graphs; on the random layered
@@ -116,13 +119,21 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 if richer is not None:
                     consider("drop_gap_chain_milp", gs.sequence(richer, gs.helpers))
     if not found:
-        def feasible(b: int) -> bool:
-            if eng.run(b, belady_den, max_computes=4 * graph.n + 100) is not None:
-                return True
-            return gs.solve(b, 0.0) is not None
+        cap = 4 * graph.n + 100
 
+        def feasible(b: int) -> bool | None:
+            ok = rollout_or_none(eng, b, belady_den, deadline, max_computes=cap)
+            if ok:
+                return True
+            if gs.solve(b, 0.0) is not None:
+                return True
+            return None if passed(deadline) else ok
+
+        if passed(deadline):
+            raise NoSolutionInTimeError(f"evict: no schedule found within {limit:g} s", budget_bytes=budget_bytes,
+                                        solver="evict", seconds=limit)
         raise infeasible(graph, budget_bytes, "evict", feasible,
-                         "its Belady rollout or its first drop-gap cover succeeds")
+                         "its Belady rollout or its first drop-gap cover succeeds", deadline)
     cost, name, sched = min(found, key=lambda f: f[0])
     info = {"method": name, "candidates": {n: c for c, n, _ in found},
             "search_iterations": getattr(gs, "iterations", 0),

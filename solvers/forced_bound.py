@@ -275,12 +275,13 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
     return ForcedBound(base + bound, chosen, proven, len(rows))
 
 
-def memory_floor_bytes(graph: Graph) -> int:
+def memory_floor_bytes(graph: Graph, deadline: float | None = None) -> int:
     """The smallest budget at which the conflict rows' fixed parts fit: a floor for every schedule.
 
     It is the single-operation bound, raised where non-recomputable values (dropout masks, say) that later
     nodes read must stay resident beside some node's inputs and output. Bisection: feasibility of the rows only
-    grows with the budget."""
+    grows with the budget. Once `deadline` (time.perf_counter()) passes, the bisection stops and the floor proven
+    so far is returned (still a floor for every schedule, possibly below the exact one)."""
     from graphs.simulate import reference_peak_bytes
 
     lo = graph.single_op_bound_bytes()
@@ -288,13 +289,16 @@ def memory_floor_bytes(graph: Graph) -> int:
         return lo
     hi = max(lo, reference_peak_bytes(graph))
 
-    def fits(b: int) -> bool:
+    def fits(b: int) -> bool | None:
         try:
-            conflict_rows(graph, b)
+            conflict_rows(graph, b, deadline)
             return True
         except InfeasibleBudgetError:
             return False
+        except NoSolutionInTimeError:
+            return None
 
-    if fits(lo):
+    if fits(lo) is not False:
         return lo
-    return bisect_smallest(lo, hi, fits)  # fits(hi): the reference order meets it
+    failing, _ = bisect_smallest(lo, hi, fits, deadline)  # fits(hi): the reference order meets it
+    return failing + 1  # every budget up to `failing` is proven too small

@@ -26,11 +26,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from graphs.errors import InfeasibleBudgetError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import SimResult, simulate
 from solvers.base import Proposal
+from solvers.deadline import check, deadline_after, seconds_left
 
 MAX_GROUP = 3
 
@@ -86,18 +87,21 @@ def lowest_memory_sequence(graph: Graph, keep: frozenset[int] = frozenset(), max
     return _best_variant(graph, keep, max_groups)[0]
 
 
-def _best_variant(graph: Graph, keep: frozenset[int], max_groups) -> tuple[list[int], SimResult]:
-    """`lowest_memory_sequence` with the simulation that chose it (so callers need not replay it again)."""
+def _best_variant(graph: Graph, keep: frozenset[int], max_groups, deadline: float | None = None
+                  ) -> tuple[list[int], SimResult]:
+    """`lowest_memory_sequence` with the simulation that chose it (so callers need not replay it again).
+    NoSolutionInTimeError once `deadline` (time.perf_counter()) passes."""
     best = None
     for max_group in max_groups:
-        seq = _sequence(graph, max_group, keep)
+        seq = _sequence(graph, max_group, keep, deadline)
         sim = simulate(graph, Schedule.from_sequence(graph, seq))
         if best is None or (sim.peak_bytes, sim.total_cost) < (best[1].peak_bytes, best[1].total_cost):
             best = (seq, sim)
     return best
 
 
-def _sequence(graph: Graph, max_group: int, keep: frozenset[int] = frozenset()) -> list[int]:
+def _sequence(graph: Graph, max_group: int, keep: frozenset[int] = frozenset(), deadline: float | None = None
+              ) -> list[int]:
     n = graph.n
     backward = [nd.backward for nd in graph.nodes]
     if not any(backward):
@@ -117,6 +121,7 @@ def _sequence(graph: Graph, max_group: int, keep: frozenset[int] = frozenset()) 
     done_kept: list[int] = []
     x = 0
     while x < n:
+        check(deadline, f"lowest_memory: rebuilding for node {x} of {n}")
         if not backward[x]:
             seq.append(x)
             if kept[x]:
@@ -163,13 +168,16 @@ def lowest_memory(graph: Graph, budget_bytes: int, *, time_limit_s: float | None
     improve_s: then spend up to this many seconds keeping forward values instead of rebuilding them, one at a
     time (the largest rebuild cost first), wherever the schedule still fits the budget (`keep_greedily`).
     """
-    seq, sim = _best_variant(graph, frozenset(), (1, MAX_GROUP))
+    deadline = deadline_after(time_limit_s)
+    seq, sim = _best_variant(graph, frozenset(), (1, MAX_GROUP), deadline)
     if sim.peak_bytes > budget_bytes:
         raise InfeasibleBudgetError(budget_bytes, sim.peak_bytes, "lowest_memory",
                                     "recomputing every forward value from scratch for each backward node peaks there")
     info = {"recomputations": len(seq) - graph.n}
     if improve_s:
-        seq, kept = keep_greedily(graph, budget_bytes, seq, improve_s, cost=sim.total_cost)
+        left = seconds_left(deadline)
+        seq, kept = keep_greedily(graph, budget_bytes, seq, improve_s if left is None else min(improve_s, left),
+                                  cost=sim.total_cost)
         info.update(recomputations=len(seq) - graph.n, kept=len(kept))
     return Proposal(Schedule.from_sequence(graph, seq), Status.HEURISTIC, info=info)
 
@@ -191,7 +199,10 @@ def keep_greedily(graph: Graph, budget_bytes: int, seq: list[int], seconds: floa
     for v in candidates:
         if time.perf_counter() > deadline:
             break
-        trial, sim = _best_variant(graph, frozenset(kept | {v}), (1,))
+        try:
+            trial, sim = _best_variant(graph, frozenset(kept | {v}), (1,), deadline)
+        except NoSolutionInTimeError:
+            break
         if sim.peak_bytes <= budget_bytes and sim.total_cost < best_cost:
             kept.add(v)
             seq, best_cost = trial, sim.total_cost

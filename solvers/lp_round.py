@@ -22,6 +22,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
+from solvers.deadline import seconds_left
 from solvers.milp import baseline_schedules, lp_solution
 from solvers.stage_model import recompute_for_kept, sequence_from_stages
 
@@ -86,16 +87,24 @@ def lp_round(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = No
     """
     t0 = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    deadline = t0 + limit
     check_budget_floor(graph, budget_bytes, "lp_round")
-    found, baseline_min, baseline_name = baseline_schedules(graph, budget_bytes)
+    found, baseline_min, baseline_name = baseline_schedules(graph, budget_bytes, deadline)
     if found and found[0][1] == "checkpoint_all":
         return Proposal(Schedule.from_sequence(graph, found[0][2]), Status.OPTIMAL, graph.total_cost,
                         {"note": "checkpoint_all fits"})
     try:
-        bound, model = lp_solution(graph, budget_bytes, time_limit_s=limit, tighten=tighten)
+        bound, model = lp_solution(graph, budget_bytes, time_limit_s=seconds_left(deadline), tighten=tighten)
     except InfeasibleBudgetError as e:
         raise InfeasibleBudgetError(budget_bytes, baseline_min, "lp_round",
                                     f"{e.reason}; baseline '{baseline_name}' meets {baseline_min} bytes") from e
+    except NoSolutionInTimeError as e:
+        if not found:
+            raise NoSolutionInTimeError(f"lp_round: {e}", budget_bytes=budget_bytes, min_budget_bytes=baseline_min,
+                                        solver="lp_round", seconds=limit) from e
+        cost, b_name, b_seq = found[0]
+        return Proposal(Schedule.from_sequence(graph, b_seq), Status.HEURISTIC, None,
+                        {"note": f"the LP was not solved in time ({e}); baseline {b_name}"})
     rng = random.Random(seed)
     best = None  # (cost, peak, schedule, how)
     lowest_peak = None
@@ -107,7 +116,7 @@ def lp_round(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = No
                 break
             try:
                 _, model = lp_solution(graph, int(budget_bytes * frac), tighten=tighten,
-                                       time_limit_s=max(0.5, limit - (time.perf_counter() - t0)))
+                                       time_limit_s=seconds_left(deadline))
             except (InfeasibleBudgetError, NoSolutionInTimeError):
                 break
         S_frac = fractional_kept(graph, model)

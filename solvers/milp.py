@@ -41,6 +41,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
+from solvers.deadline import check, deadline_after, earlier, seconds_left
 from solvers.highs import HighsWithStart
 from solvers.stage_model import (free_matrix, modeled_memory, project_to_stage_family, ratio_kept_sequences,
                                  sequence_from_stages, stage_cost, stages_from_sequence)
@@ -107,7 +108,7 @@ def _add(prob: pulp.LpProblem, terms: list, sense: int, rhs: float) -> None:
 
 
 def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten: bool = True,
-                aggregated_free: bool = True, forced_cuts: bool = False) -> StageMILP:
+                aggregated_free: bool = True, forced_cuts: bool = False, deadline: float | None = None) -> StageMILP:
     """Build the stage MILP (or its LP relaxation with `relax=True`).
 
     aggregated_free: bound each FREE variable with Checkmate's single aggregated hazard row (the default: a
@@ -116,8 +117,14 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     forced_cuts: add the forced-recomputation rows of `solvers.forced_bound` (valid for every schedule). They
     lift the relaxation (segnet at 0.5: proven optimal in 20 s with them), but on unet at its smallest budget
     HiGHS found a worse schedule in 60 s with them (16.2 % against 13.4 %); `auto` takes that bound separately.
+    deadline (time.perf_counter()): NoSolutionInTimeError once it passes (the model has O(n^2) variables: a
+    1000-node graph takes minutes to build).
     """
     t0 = time.perf_counter()
+
+    def tick(t: int) -> None:
+        check(deadline, f"building the stage MILP ({t} of {n} stages)", budget_bytes=budget_bytes)
+
     n = graph.n
     m = [int(x) for x in graph.sizes]
     unit = float(max(budget_bytes - graph.fixed_bytes, 1))
@@ -127,6 +134,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     recomputable = [nd.recomputable for nd in graph.nodes]
     users, inputs = graph.users, graph.inputs
     for t in range(n):
+        tick(t)
         for i in range(t):
             if recomputable[i]:
                 model.R[t, i] = prob.add_variable(f"R_{t}_{i}", 0, 1, cat)
@@ -141,6 +149,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
             _add(prob, [(s(t + 1, i), 1), (s(t, i), -1), (r(t, i), -1)], LE, 0)
     # Computing j needs each input resident: computed earlier in the stage or kept.
     for t in range(n):
+        tick(t)
         for j in range(t + 1):
             if isinstance(r(t, j), int) and r(t, j) == 0:
                 continue
@@ -148,6 +157,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
                 _add(prob, [(r(t, j), 1), (r(t, i), -1), (s(t, i), -1)], LE, 0)
     if tighten:
         for t in range(n):
+            tick(t)
             for i in range(t):
                 later_readers = [j for j in users[i] if j <= t]
                 if t in later_readers:
@@ -161,6 +171,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
         _add_forced_recomputation_cuts(model, cat)
     # FREE[t, i, k] <= R[t, k], <= 1 - S[t+1, i], <= 1 - R[t, j] for every later reader j of i in the stage.
     for t in range(n):
+        tick(t)
         for k in range(t + 1):
             rk = r(t, k)
             if isinstance(rk, int) and rk == 0:
@@ -188,6 +199,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
                         _add(prob, [(f, 1), (h, 1)], LE, 1)
     # Memory: U[t, 0] = kept + R[t,0] m_0; U[t, k] = U[t, k-1] - freed after k-1 + R[t,k] m_k; U <= budget.
     for t in range(n):
+        tick(t)
         prev = None
         for k in range(t + 1):
             u = prob.add_variable(f"U_{t}_{k}", None, None, pulp.LpContinuous)
@@ -239,15 +251,18 @@ def _add_forced_recomputation_cuts(model: StageMILP, cat) -> None:
 BASELINES = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "chen_sqrtn", "chen_sqrtn_linear")
 
 
-def baseline_schedules(graph: Graph, budget_bytes: int) -> tuple[list[tuple[float, str, list[int]]], int | None, str]:
+def baseline_schedules(graph: Graph, budget_bytes: int, deadline: float | None = None
+                       ) -> tuple[list[tuple[float, str, list[int]]], int | None, str]:
     """Every baseline schedule within budget as (cost, name, sequence), cheapest first, and the smallest budget
-    a baseline is known to meet (with its name)."""
+    a baseline is known to meet (with its name). Baselines not finished by `deadline` are left out."""
     from solvers import baselines
 
     found, best_min, best_name = [], None, ""
     for name in BASELINES:
         try:
-            prop = getattr(baselines, name)(graph, budget_bytes)
+            prop = getattr(baselines, name)(graph, budget_bytes, time_limit_s=seconds_left(deadline))
+        except NoSolutionInTimeError:
+            continue
         except InfeasibleBudgetError as e:
             if e.min_budget_bytes is not None and (best_min is None or e.min_budget_bytes < best_min):
                 best_min, best_name = e.min_budget_bytes, name
@@ -408,19 +423,31 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
     t0 = time.perf_counter()
     name = "milp" if backend == "highs" else f"milp_{backend}"
     check_budget_floor(graph, budget_bytes, name)
-    found, baseline_min, baseline_name = baseline_schedules(graph, budget_bytes)
+    deadline = deadline_after(time_limit_s)
+    found, baseline_min, baseline_name = baseline_schedules(graph, budget_bytes, deadline)
     if found and found[0][1] == "checkpoint_all":  # no recomputation fits: nothing can cost less
         sched = Schedule.from_sequence(graph, found[0][2])
         return Proposal(sched, Status.OPTIMAL, graph.total_cost, {"backend": backend, "family": FAMILY,
                                                                    "note": "checkpoint_all fits"})
     model_budget = int(budget_bytes)
+    if warm_start:
+        # the keep-policy starts may take a fifth of the time (seconds each on 1000 nodes); the build needs the rest
+        ratio_deadline = earlier(deadline, None if time_limit_s is None else 0.2 * time_limit_s)
+        extra = _ratio_starts(graph, budget_bytes, ratio_deadline) + _given_starts(graph, budget_bytes, start_sequences)
+        found = sorted([*found, *extra], key=lambda x: x[0])
     for attempt in range(3):
-        model = build_model(graph, model_budget, tighten=tighten, forced_cuts=forced_cuts)
+        try:
+            model = build_model(graph, model_budget, tighten=tighten, forced_cuts=forced_cuts, deadline=deadline)
+        except NoSolutionInTimeError as e:
+            if not found:
+                raise NoSolutionInTimeError(f"{name}: {e} (limit {time_limit_s} s), and no baseline fits",
+                                            budget_bytes=budget_bytes, solver=name, seconds=time_limit_s) from e
+            cost, bname, seq = found[0]  # every candidate fits the budget; the cheapest is the incumbent
+            return Proposal(Schedule.from_sequence(graph, seq), Status.FEASIBLE, None,
+                            {"backend": backend, "family": FAMILY, "warm_start": bname,
+                             "fallback": f"the time limit ran out while building the model ({e})"})
         start, start_name = None, None
         if warm_start:
-            if attempt == 0:
-                extra = _ratio_starts(graph, budget_bytes) + _given_starts(graph, budget_bytes, start_sequences)
-                found = sorted([*found, *extra], key=lambda x: x[0])
             for cost, bname, seq in found:
                 start = start_values(model, seq)
                 if start is not None:
@@ -507,11 +534,11 @@ def _given_starts(graph: Graph, budget_bytes: int, sequences) -> list[tuple[floa
     return out
 
 
-def _ratio_starts(graph: Graph, budget_bytes: int) -> list[tuple[float, str, list[int]]]:
+def _ratio_starts(graph: Graph, budget_bytes: int, deadline: float | None) -> list[tuple[float, str, list[int]]]:
     """The cheapest schedule within budget of the cost-per-byte keep policy, as a warm-start candidate (it
     helps where the baselines have nothing to offer, e.g. graphs without a backward pass)."""
     best = None
-    for seq in ratio_kept_sequences(graph):
+    for seq in ratio_kept_sequences(graph, deadline=deadline):
         sim = simulate(graph, Schedule.from_sequence(graph, seq))
         if sim.peak_bytes <= budget_bytes and (best is None or sim.total_cost < best[0]):
             best = (sim.total_cost, "cost_per_byte_keep", seq)
@@ -531,8 +558,10 @@ def lp_solution(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     when the LP is not solved within the limit.
     """
     check_budget_floor(graph, budget_bytes, "lp_bound")
-    model = build_model(graph, budget_bytes, relax=True, tighten=tighten, aggregated_free=aggregated_free)
-    res = _run_highs(model, time_limit_s, None, threads, None, relax=True)
+    deadline = deadline_after(time_limit_s)
+    model = build_model(graph, budget_bytes, relax=True, tighten=tighten, aggregated_free=aggregated_free,
+                        deadline=deadline)
+    res = _run_highs(model, seconds_left(deadline), None, threads, None, relax=True)
     if res.outcome == "infeasible":
         raise InfeasibleBudgetError(budget_bytes, None, "lp_bound",
                                     "the LP relaxation of the stage MILP is infeasible")

@@ -77,7 +77,7 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
     floor = graph.single_op_bound_bytes()
     floor_name = "single-operation bound"
     floor_proof = f"{floor_name}: a node needs its inputs and output resident together"
-    raised = memory_floor_bytes(graph)
+    raised = memory_floor_bytes(graph, deadline)
     if raised > floor:
         floor_name = "forced-residency bound"
         floor, floor_proof = raised, (f"{floor_name}: a node needs its inputs and output resident together "

@@ -18,11 +18,13 @@ import math
 import random
 import time
 
+from graphs.errors import NoSolutionInTimeError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
-from solvers.dtr import Rollout, dtr_den, infeasible
+from solvers.deadline import passed
+from solvers.dtr import Rollout, dtr_den, infeasible, rollout_or_none
 from solvers.evict import ROLLOUTS
 
 DEFAULT_TIME_LIMIT_S = 5.0
@@ -50,19 +52,22 @@ def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | Non
     best: tuple[float, Schedule, str, int] | None = None
     done = 0
     unperturbed = len(SCORES)
+    complete = True  # every unperturbed rollout ran to its end
     if budget_bytes >= graph.single_op_bound_bytes():
         while rollouts is None or done < rollouts:
-            if done >= unperturbed and time.perf_counter() > deadline:
+            if passed(deadline):
+                complete = complete and done >= unperturbed
                 break
             name, den, opts = SCORES[done % len(SCORES)]
             bias = None
             if done >= unperturbed:
                 sigma = rng.choice(SIGMAS)
                 bias = [math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(graph.n)]
-            seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap,
-                          deadline_s=deadline if done >= unperturbed else None, **opts)
+            seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap, deadline_s=deadline, **opts)
             done += 1
             if seq is None:
+                if done <= unperturbed and eng.stuck.get("reason") == "deadline":
+                    complete = False  # an unperturbed rollout was cut: its failure says nothing
                 continue
             sched = Schedule.from_sequence(graph, seq)
             sim = simulate(graph, sched)
@@ -71,9 +76,12 @@ def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | Non
                 if stop_at_cost is not None and sim.total_cost <= stop_at_cost * (1 + 1e-9) + 1e-9:
                     break
     if best is None:
+        if not complete:
+            raise NoSolutionInTimeError(f"rollout_search: its unperturbed rollouts did not finish within {limit:g} s",
+                                        budget_bytes=budget_bytes, solver="rollout_search", seconds=limit)
         raise infeasible(graph, budget_bytes, "rollout_search",
-                         lambda b: eng.run(b, dtr_den, max_computes=cap) is not None,
-                         "its unperturbed DTR rollout does not get stuck")
+                         lambda b: rollout_or_none(eng, b, dtr_den, deadline, max_computes=cap),
+                         "its unperturbed DTR rollout does not get stuck", deadline)
     cost, sched, name, at = best
     info = {"rollouts": done, "best_score": name, "best_at_rollout": at, "perturbed": at > unperturbed,
             "seconds": round(time.perf_counter() - t0, 3)}

@@ -21,6 +21,7 @@ import numpy as np
 
 from graphs.ir import Graph
 from graphs.schedule import Op, OpKind, Schedule
+from solvers.deadline import passed
 
 
 def sequence_from_stages(graph: Graph, R: np.ndarray, S: np.ndarray | None = None) -> list[int]:
@@ -164,10 +165,11 @@ def stage_cost(graph: Graph, R: np.ndarray) -> float:
     return float((R.sum(axis=0) * graph.costs).sum())
 
 
-def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32) -> list[list[int]]:
+def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32, deadline: float | None = None) -> list[list[int]]:
     """Stage-family sequences from a simple keep policy, for warm starts: keep the values whose cost per byte
     is at least a threshold (expensive, small values are worth their memory), for up to `max_thresholds`
-    thresholds spread over the distinct scores; the rest is recomputed where needed (`recompute_for_kept`)."""
+    thresholds spread over the distinct scores; the rest is recomputed where needed (`recompute_for_kept`).
+    Thresholds not started by `deadline` (time.perf_counter()) are left out (a 1000-node graph: seconds each)."""
     n = graph.n
     sizes = graph.sizes.astype(float)
     score = graph.costs / np.maximum(sizes, 1.0)
@@ -176,6 +178,8 @@ def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32) -> list[list[in
         distinct = distinct[np.unique(np.linspace(0, len(distinct) - 1, max_thresholds).round().astype(int))]
     out = []
     for theta in [*distinct.tolist(), np.inf]:
+        if passed(deadline):
+            break
         keep = score >= theta
         S = np.zeros((n + 1, n), dtype=bool)
         for i in np.nonzero(keep)[0]:

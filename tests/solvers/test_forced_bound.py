@@ -140,5 +140,7 @@ def test_windows_on_segnet_at_its_smallest_budget(bench_dir):
     g = load_benchmark(bench_dir / "segnet.json")
     b = g.single_op_bound_bytes()
     plain = forced_recompute_bound(g, b, windows=False).lower_bound_cost / g.total_cost - 1
-    windows = forced_recompute_bound(g, b, time_limit_s=30).lower_bound_cost / g.total_cost - 1
+    # no time limit: the window program's optimum is reached only when it finishes (~5 s idle, 20 s at auto's
+    # budget), and a time-limited run on a loaded machine stops below it
+    windows = forced_recompute_bound(g, b, time_limit_s=None).lower_bound_cost / g.total_cost - 1
     assert round(100 * plain, 2) == 42.18 and round(100 * windows, 2) == 45.80
