@@ -13,7 +13,8 @@ from pathlib import Path
 
 from graphs.errors import GraphError, ScheduleError, ScheduleFormatError
 from graphs.ir import Graph, Node
-from graphs.schedule import Schedule, SolveResult, Status
+from graphs.schedule import Schedule, Status
+from graphs.result import SolveResult
 from graphs.simulate import SimResult, simulate
 
 FORMAT = "remat-schedule"

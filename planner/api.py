@@ -1,7 +1,7 @@
 """The public API: `plan(model, sample_input, budget_gb)` -> `Plan`, and `Plan.apply(model)` -> a planned module.
 
 Units: budgets are given in gigabytes at this edge only, 1 GB = 10^9 bytes; everything inside is bytes.
-Data flows one way: model -> trace (graphs.trace) -> solver graph -> solver -> schedule -> executor.
+Data flows one way: model -> trace (capture.trace) -> solver graph -> solver -> schedule -> executor.
 JSON (`remat-schedule` v1) can cut in after the solver (`Plan.to_json`) and before the executor
 (`Plan.load(path).apply(model)`).
 """
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -19,25 +18,24 @@ from typing import Any
 
 import torch
 
-from graphs.errors import (InfeasibleBudgetError, NoSolutionInTimeError, RematError, ScheduleError,
-                           SolverError)
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.ir import Graph
-from graphs.schedule import Schedule, SolveResult, Status
+from graphs.schedule import Schedule, Status
+from graphs.result import SolveResult
 from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
-from planner.executor import PlanMismatchError, PlannedModule, compile_schedule, free_view_root
-from solvers.auto import MILP_MAX_NODES
-from solvers.base import solve, solver_names
+from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
+from planner.solver_graph import (loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
+                                  solver_groups, split_position, trace_model, traced_sequence)
+from solvers.base import solve
 
 GB = 10**9
 EXTRA_KEY = "planner"
 COST_MODELS = ("auto", "flops", "time", "roofline")
-# A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
-LOSS_RESERVE_BYTES = 1024
 
 
 # ---------------------------------------------------------------------------------------------
-# Tracing with module attribution, and the graph the solver sees
+# Inputs, budgets, fingerprints
 # ---------------------------------------------------------------------------------------------
 def _as_inputs(sample_input) -> tuple:
     if isinstance(sample_input, torch.Tensor):
@@ -45,205 +43,6 @@ def _as_inputs(sample_input) -> tuple:
     if isinstance(sample_input, (tuple, list)):
         return tuple(sample_input)
     raise TypeError(f"sample_input must be a tensor or a tuple of tensors, not {type(sample_input).__name__}")
-
-
-def trace_model(model: torch.nn.Module, inputs: tuple, cost_model: str = "flops", device_name: str | None = None):
-    """`graphs.trace.trace` with each fx forward node tagged with the module that ran it.
-
-    The tags (`meta["nn_module_stack"]`) come from forward pre/post hooks that write the current module
-    path into torch.fx's node-meta context while AOTAutograd traces; `node_modules` reads them back.
-    """
-    import torch.fx.traceback as fx_traceback
-
-    from graphs.trace import trace
-
-    stack: list[str] = []
-    had_key = "nn_module_stack" in fx_traceback.current_meta
-    saved = fx_traceback.current_meta.get("nn_module_stack")
-
-    def pre(mod, args, name):
-        stack.append(name)
-        fx_traceback.current_meta["nn_module_stack"] = {"planner": (name, type(mod).__name__)}
-
-    def post(mod, args, out, name):
-        if stack:
-            stack.pop()
-        fx_traceback.current_meta["nn_module_stack"] = {"planner": (stack[-1] if stack else "", "")}
-
-    handles = []
-    for name, sub in model.named_modules():
-        handles.append(sub.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
-        handles.append(sub.register_forward_hook(lambda m, a, o, name=name: post(m, a, o, name)))
-    try:
-        return trace(model, inputs, cost_model=cost_model, device_name=device_name, contract=True)
-    finally:
-        for h in handles:
-            h.remove()
-        if had_key:
-            fx_traceback.current_meta["nn_module_stack"] = saved
-        else:
-            fx_traceback.current_meta.pop("nn_module_stack", None)
-
-
-def node_modules(traced) -> dict[int, str]:
-    """Graph node id -> the path of the module whose forward produced it ('' for the top level).
-
-    Backward ops are attributed to the module of the forward op they differentiate (same seq_nr).
-    """
-    gm = traced.joint_module
-    by_seq: dict[Any, str] = {}
-    fx_mod: dict[str, str] = {}
-    for n in gm.graph.nodes:
-        st = n.meta.get("nn_module_stack")
-        if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and st:
-            path = list(st.values())[-1][0]
-            fx_mod[n.name] = path
-            by_seq.setdefault(n.meta.get("seq_nr"), path)
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.name not in fx_mod and n.meta.get("seq_nr") in by_seq:
-            fx_mod[n.name] = by_seq[n.meta["seq_nr"]]
-    out = {}
-    for gid, names in traced.node_map.items():
-        c = Counter(fx_mod.get(nm, "") for nm in names)
-        out[gid] = c.most_common(1)[0][0] if c else ""
-    return out
-
-
-def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -> Graph:
-    """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
-
-    - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
-      the forward to the end of the backward, so a second copy would cost its memory twice). Random
-      ops (dropout) ARE recomputable here, although the trace marks them not: the executor saves the
-      generator state before their first computation and replays it for every recomputation, so a
-      recomputed mask is bitwise the first one (tests/planner check gradients against eager).
-    - Retained (resident to the end) only the model's outputs and the gradients; new buffer values
-      are copied into the buffers during the forward and are not held.
-    - Each tangent (incoming gradient of an output) is a node of its own instead of fixed memory: it
-      exists from the start of the backward, which is when autograd hands it over, to the end. It has
-      no inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n + j`.
-    - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
-      keep theirs): each computation allocates them all, and this keeps every recomputation within the
-      peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
-      the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
-      op is not recomputable.
-    - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
-      and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
-    - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
-      outside the model during the step.
-    Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
-    """
-    from torch.utils._pytree import tree_leaves
-
-    g = traced.graph
-    gm = traced.joint_module
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = list(tree_leaves(out_node.args[0], is_leaf=lambda x: x is None))
-    keep_names = {o.name for o, (kind, _) in zip(outs, traced.output_kinds)
-                  if kind in ("output", "grad") and o is not None}
-    user_out_names = {o.name for o, (kind, _) in zip(outs, traced.output_kinds) if kind == "output" and o is not None}
-    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    tangents = phs[traced.num_primals:]
-    readers: dict[int, list[int]] = {j: [] for j in range(len(tangents))}
-    by_name = {n.name: n for n in gm.graph.nodes}
-    for gid, names in traced.node_map.items():
-        mine = {by_name[nm] for nm in names}
-        read = {a for m in mine for a in m.all_input_nodes if a not in mine}
-        # a free view of a tangent grouped elsewhere is made where it is read (see the executor)
-        read |= {free_view_root(a) for a in read if a.op == "call_function"}
-        for j, t in enumerate(tangents):
-            if t in read:
-                readers[j].append(gid)
-    groups = solver_groups(traced)
-    secondary = secondary_outputs(traced)
-    recs = []
-    for nd in g.nodes:
-        names = traced.node_map[nd.id]
-        extra_inputs = [g.n + j for j, rs in readers.items() if nd.id in rs]
-        # A recomputation of a multi-output op allocates its secondary outputs again: a forward op's node
-        # counts them; a backward one (whose secondary outputs are weight gradients) is not recomputed.
-        multi = nd.id in secondary
-        counts = multi and not nd.backward and (inflate is None or nd.id in inflate)
-        extra_bytes = sum(int(g.nodes[i].bytes) for i in secondary[nd.id]) if counts else 0
-        recs.append({
-            "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes) + extra_bytes,
-            "inputs": list(nd.inputs) + extra_inputs, "backward": nd.backward,
-            "retain": any(nm in keep_names for nm in names),
-            "recomputable": not any(nm in user_out_names for nm in names) and not (multi and nd.backward),
-        })
-    order = list(groups)
-    tangent_bytes = 0
-    loss_label = g.n + len(tangents)
-    out_groups = sorted({gid for gid, names in traced.node_map.items() if any(nm in user_out_names for nm in names)})
-    for j, t in enumerate(tangents):
-        if not readers[j]:
-            continue
-        nbytes = _strided_bytes(t.meta["val"])
-        tangent_bytes += nbytes
-        recs.append({"id": g.n + j, "name": f"tangent_{j}", "cost": 0.0, "bytes": nbytes,
-                     "inputs": [loss_label] if loss_bytes else [],
-                     "backward": True, "retain": True, "recomputable": False})
-        first = min(readers[j])
-        order.insert(order.index(first), g.n + j)
-    if loss_bytes:
-        # the loss's own temporaries (e.g. cross-entropy's log-softmax) live from the end of the forward
-        # until autograd hands the gradients over
-        recs.append({"id": loss_label, "name": "loss", "cost": 0.0, "bytes": int(loss_bytes), "inputs": out_groups,
-                     "backward": False, "retain": False, "recomputable": False})
-        first_tangent = next(k for k, lab in enumerate(order) if lab >= g.n)
-        order.insert(first_tangent, loss_label)
-    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + LOSS_RESERVE_BYTES,
-                                name=g.name, order=order)
-
-
-def secondary_outputs(traced) -> dict[int, list[int]]:
-    """Traced node id of a multi-output op -> the ids of the nodes the trace made of its other outputs.
-
-    The trace makes each secondary output of a multi-output op (a pooling's indices, a layer norm's
-    statistics, a dropout's mask: a getitem) a node of its own, computed once. But every computation of
-    the op, a recomputation included, allocates all its outputs at once.
-    """
-    by_name = {n.name: n for n in traced.joint_module.graph.nodes}
-    group_of = {nm: gid for gid, names in traced.node_map.items() for nm in names}
-    out: dict[int, list[int]] = {}
-    for gid, names in traced.node_map.items():
-        nodes = [by_name[nm] for nm in names]
-        if nodes and all(n.target is operator.getitem for n in nodes):
-            sources = {group_of.get(n.args[0].name) for n in nodes}
-            if len(sources) == 1 and None not in sources and gid not in sources:
-                out.setdefault(sources.pop(), []).append(gid)
-    return out
-
-
-def solver_groups(traced) -> dict[int, list[int]]:
-    """Solver node label -> the traced node ids it runs (one each; the tangents run none)."""
-    return {gid: [gid] for gid in range(traced.graph.n)}
-
-
-def _strided_bytes(val) -> int:
-    """Bytes of the storage a tensor of this shape and stride needs (what the trace counted for it)."""
-    if val.numel() == 0:
-        return 0
-    span = 1 + sum((size - 1) * stride for size, stride in zip(val.shape, val.stride()))
-    return int(span * val.element_size())
-
-
-def _split_position(graph: Graph, computes, groups: dict[int, list[int]]) -> int:
-    count = 0
-    for v in computes:
-        ids = groups.get(graph.labels[v])
-        if ids is None:
-            break
-        count += len(ids)
-    return count
-
-
-def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> list[int]:
-    """A solver-graph compute sequence in traced node ids (tangent nodes dropped, merged nodes expanded)."""
-    out: list[int] = []
-    for v in computes:
-        out.extend(groups.get(graph.labels[v], ()))
-    return out
 
 
 def budget_bytes_from_gb(budget_gb: float) -> int:
@@ -340,7 +139,7 @@ class Plan:
     def split_position(self) -> int:
         """How many computations of `compute_sequence` run in the forward: those before the schedule's first
         node that is not the model's (the loss or a tangent)."""
-        return _split_position(self.graph, self.result.schedule.computes, self.groups)
+        return split_position(self.graph, self.result.schedule.computes, self.groups)
 
     @property
     def budget_bytes(self) -> int:
@@ -507,37 +306,17 @@ def _resolve_cost_model(cost_model: str) -> str:
 
 
 def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str, str | None]:
-    """The smallest budget a schedule is known to meet, how that is known, and the solver that met it."""
-    t0 = time.perf_counter()
-    try:
-        from solvers.min_budget import min_budget
+    """The smallest budget a schedule is known to meet, how that is known, and the solver that met it
+    (`solvers.bounds.min_budget`); (None, why, None) when no solver met any budget in time."""
+    from solvers.bounds.min_budget import min_budget
 
+    try:
         mb = min_budget(graph, time_limit_s=time_limit_s)
-        # the budget the solver was given when it met the minimum: planning at it reproduces the schedule
-        # (a greedy solver is not monotone in the budget, so its peak itself may not be reproducible)
-        return max(mb.budget_bytes, mb.result.budget_bytes), mb.proof, mb.result.solver
-    except (ImportError, InfeasibleBudgetError, ScheduleError, SolverError):
-        pass  # not installed, or a solver inside it failed: ask the solvers directly
-    floor = graph.single_op_bound_bytes()
-    named: list[int] = []
-    for name in ("dtr", "checkpoint_all"):
-        try:
-            solve(graph, floor, name)
-            return floor, "single-operation bound, met by a schedule", name
-        except InfeasibleBudgetError as e:
-            if e.min_budget_bytes is not None:
-                named.append(e.min_budget_bytes)
-        except (ScheduleError, SolverError, ImportError, KeyError):
-            continue
-    for b in sorted(set(named)):
-        left = max(1.0, time_limit_s - (time.perf_counter() - t0))
-        try:
-            r = _solve(graph, b, "auto", left)
-            return (r.peak_bytes, f"the least budget a heuristic named and met (single-operation bound {floor})",
-                    r.info.get("chosen") or r.solver)
-        except RematError:
-            continue
-    return None, "no solver met any budget", None
+    except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
+        return None, f"no solver met any budget within {time_limit_s:g} s ({e})", None
+    # the budget the solver was given when it met the minimum: planning at it reproduces the schedule
+    # (a greedy solver is not monotone in the budget, so its peak itself may not be reproducible)
+    return max(mb.budget_bytes, mb.result.budget_bytes), mb.proof, mb.result.solver
 
 
 def smallest_budget(plan_or_traced, time_limit_s: float = 30.0) -> tuple[int | None, str | None]:
@@ -573,7 +352,8 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         memory (measured once on the sample output) is planned for at the forward/backward boundary.
         Without it, only a scalar loss is reserved for.
     Raises InfeasibleBudgetError (its message names the smallest feasible budget in GB) when nothing fits,
-    graphs.trace.TraceError when the model cannot be traced.
+    NoSolutionInTimeError when no schedule was found within `time_limit_s` and nothing proves that none exists,
+    capture.trace.TraceError when the model cannot be traced.
     """
     inputs = _as_inputs(sample_input)
     budget_bytes = budget_bytes_from_gb(budget_gb)
@@ -586,7 +366,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     graph = solver_graph(traced, None, loss_bytes)
     t0 = time.perf_counter()
     try:
-        result = _solve(graph, budget_bytes, solver, time_limit_s)
+        result = solve(graph, budget_bytes, solver, time_limit_s=time_limit_s)
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
@@ -604,84 +384,11 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     result = _free_at_last_use(graph, result)
     groups = solver_groups(traced)
     compile_schedule(traced, traced_sequence(graph, result.schedule.computes, groups),
-                     _split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
+                     split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
                 loss_bytes=loss_bytes,
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
-
-
-# Used only when "auto" fails because one of the solvers it tries returned an invalid schedule.
-_FALLBACK = ("checkpoint_all", "milp", "cpsat", "dtr")
-
-
-def _solve(graph: Graph, budget_bytes: int, solver: str, time_limit_s: float) -> SolveResult:
-    """`solvers.base.solve`, made robust for "auto": if a solver inside it produces an invalid schedule
-    (ScheduleError: a solver bug, e.g. a baseline recomputing a random op), the exact solvers and DTR
-    are tried directly and the cheapest schedule wins; the result's info records the failure."""
-    t0 = time.perf_counter()
-    try:
-        return solve(graph, budget_bytes, solver, time_limit_s=time_limit_s)
-    except (ScheduleError, SolverError) as e:
-        if solver != "auto" or isinstance(e, NoSolutionInTimeError):
-            raise
-        failure = f"{type(e).__name__}: {e}"
-    results, infeasible = [], []
-    for name in _FALLBACK:
-        if name not in solver_names() or (name == "milp" and graph.n > MILP_MAX_NODES):
-            continue
-        if name == "cpsat" and (graph.n <= MILP_MAX_NODES and results and "milp" in solver_names()):
-            continue
-        left = time_limit_s - (time.perf_counter() - t0)
-        if left <= 0:
-            break
-        try:
-            results.append(solve(graph, budget_bytes, name, time_limit_s=left))
-        except InfeasibleBudgetError as ie:
-            infeasible.append(ie)
-        except (ScheduleError, SolverError, ImportError):
-            continue
-        if name == "checkpoint_all":
-            break
-    if not results:
-        known = [ie.min_budget_bytes for ie in infeasible if ie.min_budget_bytes is not None]
-        raise InfeasibleBudgetError(budget_bytes, min(known) if known else None, solver,
-                                    f"fallback after '{failure}'")
-    best = min(results, key=lambda r: (r.total_cost, r.peak_bytes))
-    exact = [r for r in results if r.solver in ("checkpoint_all", "milp", "cpsat") and r.lower_bound_cost is not None]
-    status = best.status if best in exact else (Status.FEASIBLE if exact else Status.HEURISTIC)
-    bound = max((r.lower_bound_cost for r in exact), default=None)
-    info = {"chosen": best.solver, "auto_failed": failure,
-            "tried": [r.solver for r in results] + [ie.solver + " (infeasible)" for ie in infeasible]}
-    return SolveResult(best.schedule, status, "auto", budget_bytes, time.perf_counter() - t0, best.sim,
-                       bound if bound is not None and bound <= best.total_cost * (1 + 1e-9) + 1e-9 else None, info)
-
-
-def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn) -> int:
-    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
-    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
-    from graphs.measure_memory import StorageTracker
-
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
-        with torch.random.fork_rng(), torch.no_grad():
-            out = model(*inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
-    from torch.utils._pytree import tree_map
-
-    leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
-                      if isinstance(t, torch.Tensor) else t, out)
-    tracker = StorageTracker()
-    with tracker:
-        loss = loss_fn(leaves)
-        loss.backward()
-    from torch.utils._pytree import tree_leaves as _leaves
-
-    grads = sum(_strided_bytes(t.grad) for t in _leaves(leaves) if isinstance(t, torch.Tensor) and t.grad is not None)
-    return max(0, int(tracker.peak_bytes) - grads)
 
 
 def _free_at_last_use(graph: Graph, result: SolveResult) -> SolveResult:

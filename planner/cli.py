@@ -106,7 +106,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_min_budget(args: argparse.Namespace, graph, ref: int) -> int:
-    from solvers.min_budget import min_budget
+    from solvers.bounds.min_budget import min_budget
 
     mb = min_budget(graph, time_limit_s=args.time_limit or 60.0)
     if args.out:

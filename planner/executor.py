@@ -1,6 +1,6 @@
 """The executor: a schedule of a traced graph -> two fx modules -> an autograd function -> a drop-in module.
 
-`compile_schedule(traced, compute_sequence)` rewrites the joint fx graph of a `graphs.trace.TraceResult`
+`compile_schedule(traced, compute_sequence)` rewrites the joint fx graph of a `capture.trace.TraceResult`
 in schedule order: each computation of a graph node copies the fx nodes it covers (`traced.node_map`),
 a node computed again is a recomputation (a second copy), and every later reader uses the newest copy.
 fx code frees each value right after its last use, so the order of the copies determines the frees,

@@ -3,7 +3,7 @@
 A step is `out = module(*inputs); loss = loss_fn(out); loss.backward()`, starting with no gradients.
 
 Peak memory (bytes) counts what the step holds at once: parameters, buffers, inputs, activations,
-gradients. On CPU it comes from a storage-tracking dispatch mode (`graphs.measure_memory`): the bytes
+gradients. On CPU it comes from a storage-tracking dispatch mode (`capture.measure_memory`): the bytes
 of the parameters, buffers and inputs plus the peak of live storages created during the step
 (exact for tensors; kernel scratch space is invisible). On CUDA it is torch.cuda.max_memory_allocated
 during the step, less whatever else was allocated on the device beforehand that is not the model or
@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_leaves
 
-from graphs.measure_memory import StorageTracker, storage_bytes
+from capture.measure_memory import StorageTracker, storage_bytes
 
 
 def default_loss(out) -> torch.Tensor:

@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=None,
                     help="override the dropout probability of the GPT models (e.g. 0 to isolate its effect)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
+    ap.add_argument("--plot", help="also draw time / eager against measured peak per model into this PNG")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -176,6 +177,42 @@ def main() -> None:
     for r in rows:
         if r[5] is not None and r[7]:
             print(f"{r[0]} / {r[1]}: {r[7]}")
+    if args.plot:
+        plot_rows(rows, args.plot)
+
+
+def plot_rows(rows, path: str) -> None:
+    """One panel per model: step time / eager against measured peak, a marker per method (hollow where the
+    gradients differ from eager's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r[0] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)
+    style = {"eager": ("k", "o"), "checkpoint per block": ("tab:orange", "s"), "PyTorch": ("tab:purple", "^"),
+             "planner": ("tab:blue", "D")}
+    for ax, name in zip(axes[0], models):
+        for r in rows:
+            if r[0] != name or r[5] is None:
+                continue
+            key = next(k for k in style if r[1].startswith(k))
+            color, marker = style[key]
+            ax.scatter(r[2], r[4], color=color if r[5] else "none", edgecolors=color, marker=marker, s=40,
+                       label=key if key != "PyTorch" else "PyTorch partitioner")
+        ax.set_title(name)
+        ax.set_xlabel("measured peak (MB)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("step time / eager")
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

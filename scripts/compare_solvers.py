@@ -25,7 +25,7 @@ from graphs.benchmarks import CHECKMATE_GRAPHS, RANDOM_LAYERED_GRAPHS, benchmark
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError  # noqa: E402
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes  # noqa: E402
 from solvers.base import solve, solver_names  # noqa: E402
-from solvers.min_budget import min_budget  # noqa: E402
+from solvers.bounds.min_budget import min_budget  # noqa: E402
 
 
 def run_one(graph, budget: int, solver: str, time_limit: float) -> dict:

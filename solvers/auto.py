@@ -2,10 +2,10 @@
 
 Plan (every step replayed by the simulator through solvers.base.solve):
 1. checkpoint_all: if it fits, no schedule can cost less (every node must run once): done.
-2. the forced-recomputation bound (solvers.forced_bound), a lower bound valid for every schedule; then fast
+2. the forced-recomputation bound (solvers.bounds.forced_bound), a lower bound valid for every schedule; then fast
    heuristics (Chen greedy, DTR in two scores, the lowest-memory rebuild) give an incumbent and a fallback, and
    a few seconds of randomly perturbed eviction rollouts (`rollout_search`) improve it where DTR's rollout fits.
-   When none of them fits, the subgraph relaxation (solvers.subgraph_bound) may prove that no schedule of any
+   When none of them fits, the subgraph relaxation (solvers.bounds.subgraph_bound) may prove that no schedule of any
    kind does: auto then raises at once (resnet50 at 0.1 x reference: 3 s instead of the whole limit).
 3. the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
@@ -24,7 +24,8 @@ import time
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
-from graphs.schedule import SolveResult, Status
+from graphs.schedule import Status
+from graphs.result import SolveResult
 from solvers.base import Proposal, check_budget_floor, solve, solver_names
 
 MILP_MAX_NODES = 120  # the Checkmate MILP proves these in seconds; beyond, CP-SAT scales better
@@ -48,7 +49,7 @@ FAST_SHARE = 0.06
 def _is_chain(graph: Graph) -> bool:
     if "chain_dp" not in solver_names():
         return False
-    from solvers.chain_dp import is_training_chain
+    from solvers.exact.chain_dp import is_training_chain
 
     return is_training_chain(graph)
 
@@ -177,7 +178,7 @@ def _least_named(infeasible: list[InfeasibleBudgetError], timed_out: list[NoSolu
 def _raise_if_no_schedule_fits(graph: Graph, budget_bytes: int, infeasible: list[InfeasibleBudgetError],
                                seconds: float) -> None:
     """Raise InfeasibleBudgetError when the subgraph relaxation proves that no schedule of any kind fits."""
-    from solvers.subgraph_bound import subgraph_floor_bytes
+    from solvers.bounds.subgraph_bound import subgraph_floor_bytes
 
     sub = subgraph_floor_bytes(graph, budget_bytes, deadline=time.perf_counter() + seconds)
     if sub is None or not sub.capped:
@@ -191,7 +192,7 @@ def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: f
     """The forced-recomputation bound (valid for every schedule), or None if it is not solved in a few seconds.
 
     Raises InfeasibleBudgetError when non-recomputable values make the budget infeasible for every schedule."""
-    from solvers.forced_bound import forced_recompute_bound
+    from solvers.bounds.forced_bound import forced_recompute_bound
 
     try:
         # the window rows cost 1-6 s on graphs of 185-1000 nodes and lifted no bound there at 0.5-0.9

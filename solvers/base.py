@@ -14,7 +14,8 @@ from typing import Callable
 
 from graphs.errors import InfeasibleBudgetError, ScheduleError, SolverError, UnknownSolverError
 from graphs.ir import Graph
-from graphs.schedule import Schedule, SolveResult, Status
+from graphs.schedule import Schedule, Status
+from graphs.result import SolveResult
 from graphs.simulate import simulate
 from solvers.deadline import passed
 
@@ -33,21 +34,21 @@ SolverFn = Callable[..., Proposal]
 
 # name -> "module:function"; imported lazily so that an optional backend costs nothing until used.
 _REGISTRY: dict[str, str] = {
-    "checkpoint_all": "solvers.baselines:checkpoint_all",
-    "chen_sqrtn": "solvers.baselines:chen_sqrtn",
-    "chen_sqrtn_linear": "solvers.baselines:chen_sqrtn_linear",
-    "chen_greedy": "solvers.baselines:chen_greedy",
-    "chen_greedy_linear": "solvers.baselines:chen_greedy_linear",
-    "chain_dp": "solvers.chain_dp:chain_dp",
-    "milp": "solvers.milp:milp",
-    "milp_cbc": "solvers.milp:milp_cbc",
-    "lp_round": "solvers.lp_round:lp_round",
-    "cpsat": "solvers.cpsat:cpsat",
-    "dtr": "solvers.dtr:dtr",
-    "dtr_local": "solvers.dtr:dtr_local",
-    "evict": "solvers.evict:evict",
-    "rollout_search": "solvers.rollout_search:rollout_search",
-    "lowest_memory": "solvers.lowest_memory:lowest_memory",
+    "checkpoint_all": "solvers.heuristics.baselines:checkpoint_all",
+    "chen_sqrtn": "solvers.heuristics.baselines:chen_sqrtn",
+    "chen_sqrtn_linear": "solvers.heuristics.baselines:chen_sqrtn_linear",
+    "chen_greedy": "solvers.heuristics.baselines:chen_greedy",
+    "chen_greedy_linear": "solvers.heuristics.baselines:chen_greedy_linear",
+    "chain_dp": "solvers.exact.chain_dp:chain_dp",
+    "milp": "solvers.exact.milp:milp",
+    "milp_cbc": "solvers.exact.milp:milp_cbc",
+    "lp_round": "solvers.exact.lp_round:lp_round",
+    "cpsat": "solvers.exact.cpsat:cpsat",
+    "dtr": "solvers.heuristics.dtr:dtr",
+    "dtr_local": "solvers.heuristics.dtr:dtr_local",
+    "evict": "solvers.heuristics.evict:evict",
+    "rollout_search": "solvers.heuristics.rollout_search:rollout_search",
+    "lowest_memory": "solvers.heuristics.lowest_memory:lowest_memory",
     "auto": "solvers.auto:auto",
 }
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from examples.gpt import GPT
+
 
 # ---- MLP ---------------------------------------------------------------------------------------
 class MLP(nn.Module):
@@ -59,62 +61,7 @@ def make_cnn(batch: int = 4, ch: int = 8, size: int = 16, blocks: int = 2, seed:
     return ResCNN(ch, blocks).train(), torch.randn(batch, 3, size, size)
 
 
-# ---- GPT-style decoder ----------------------------------------------------------------------------
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__()
-        self.n_heads = n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        # attention dropout 0: on CPU this is one fused flash-attention op (+ its backward)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(b, t, d)
-        return self.drop(self.proj(y))
-
-
-class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout)
-        )
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    """Decoder-only transformer; the output head shares the token embedding's weight (tied)."""
-
-    def __init__(self, vocab: int = 64, d_model: int = 32, n_heads: int = 4, n_layers: int = 2,
-                 seq: int = 16, dropout: float = 0.1):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, d_model)
-        self.pos = nn.Embedding(seq, d_model)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList([Block(d_model, n_heads, dropout) for _ in range(n_layers)])
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln_f(x))
-
-
+# ---- GPT-style decoder: the one in examples/gpt.py, at test sizes ----------------------------------
 def make_gpt(batch: int = 2, seq: int = 16, vocab: int = 64, d_model: int = 32, n_heads: int = 4,
              n_layers: int = 2, dropout: float = 0.1, seed: int = 0):
     torch.manual_seed(seed)

@@ -1,0 +1,245 @@
+"""The graph the solver plans for a traced model: the traced graph adjusted to what the executor holds.
+
+`trace_model` traces with each fx node tagged with its module; `solver_graph` builds the solver's graph from the
+trace (tangents as nodes, the loss's workspace, secondary outputs of recomputed multi-output ops); the helpers
+map a solver schedule back to traced node ids for the executor.
+"""
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from typing import Any
+
+import torch
+
+from graphs.ir import Graph
+from planner.executor import free_view_root
+
+# A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
+LOSS_RESERVE_BYTES = 1024
+
+
+def trace_model(model: torch.nn.Module, inputs: tuple, cost_model: str = "flops", device_name: str | None = None):
+    """`capture.trace.trace` with each fx forward node tagged with the module that ran it.
+
+    The tags (`meta["nn_module_stack"]`) come from forward pre/post hooks that write the current module
+    path into torch.fx's node-meta context while AOTAutograd traces; `node_modules` reads them back.
+    """
+    import torch.fx.traceback as fx_traceback
+
+    from capture.trace import trace
+
+    stack: list[str] = []
+    had_key = "nn_module_stack" in fx_traceback.current_meta
+    saved = fx_traceback.current_meta.get("nn_module_stack")
+
+    def pre(mod, args, name):
+        stack.append(name)
+        fx_traceback.current_meta["nn_module_stack"] = {"planner": (name, type(mod).__name__)}
+
+    def post(mod, args, out, name):
+        if stack:
+            stack.pop()
+        fx_traceback.current_meta["nn_module_stack"] = {"planner": (stack[-1] if stack else "", "")}
+
+    handles = []
+    for name, sub in model.named_modules():
+        handles.append(sub.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
+        handles.append(sub.register_forward_hook(lambda m, a, o, name=name: post(m, a, o, name)))
+    try:
+        return trace(model, inputs, cost_model=cost_model, device_name=device_name, contract=True)
+    finally:
+        for h in handles:
+            h.remove()
+        if had_key:
+            fx_traceback.current_meta["nn_module_stack"] = saved
+        else:
+            fx_traceback.current_meta.pop("nn_module_stack", None)
+
+
+def node_modules(traced) -> dict[int, str]:
+    """Graph node id -> the path of the module whose forward produced it ('' for the top level).
+
+    Backward ops are attributed to the module of the forward op they differentiate (same seq_nr).
+    """
+    gm = traced.joint_module
+    by_seq: dict[Any, str] = {}
+    fx_mod: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        st = n.meta.get("nn_module_stack")
+        if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and st:
+            path = list(st.values())[-1][0]
+            fx_mod[n.name] = path
+            by_seq.setdefault(n.meta.get("seq_nr"), path)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.name not in fx_mod and n.meta.get("seq_nr") in by_seq:
+            fx_mod[n.name] = by_seq[n.meta["seq_nr"]]
+    out = {}
+    for gid, names in traced.node_map.items():
+        c = Counter(fx_mod.get(nm, "") for nm in names)
+        out[gid] = c.most_common(1)[0][0] if c else ""
+    return out
+
+
+def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -> Graph:
+    """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
+
+    - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
+      the forward to the end of the backward, so a second copy would cost its memory twice). Random
+      ops (dropout) ARE recomputable here, although the trace marks them not: the executor saves the
+      generator state before their first computation and replays it for every recomputation, so a
+      recomputed mask is bitwise the first one (tests/planner check gradients against eager).
+    - Retained (resident to the end) only the model's outputs and the gradients; new buffer values
+      are copied into the buffers during the forward and are not held.
+    - Each tangent (incoming gradient of an output) is a node of its own instead of fixed memory: it
+      exists from the start of the backward, which is when autograd hands it over, to the end. It has
+      no inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n + j`.
+    - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
+      keep theirs): each computation allocates them all, and this keeps every recomputation within the
+      peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
+      the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
+      op is not recomputable.
+    - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
+      and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
+    - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
+      outside the model during the step.
+    Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
+    """
+    from torch.utils._pytree import tree_leaves
+
+    g = traced.graph
+    gm = traced.joint_module
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(tree_leaves(out_node.args[0], is_leaf=lambda x: x is None))
+    keep_names = {o.name for o, (kind, _) in zip(outs, traced.output_kinds)
+                  if kind in ("output", "grad") and o is not None}
+    user_out_names = {o.name for o, (kind, _) in zip(outs, traced.output_kinds) if kind == "output" and o is not None}
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tangents = phs[traced.num_primals:]
+    readers: dict[int, list[int]] = {j: [] for j in range(len(tangents))}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for gid, names in traced.node_map.items():
+        mine = {by_name[nm] for nm in names}
+        read = {a for m in mine for a in m.all_input_nodes if a not in mine}
+        # a free view of a tangent grouped elsewhere is made where it is read (see the executor)
+        read |= {free_view_root(a) for a in read if a.op == "call_function"}
+        for j, t in enumerate(tangents):
+            if t in read:
+                readers[j].append(gid)
+    groups = solver_groups(traced)
+    secondary = secondary_outputs(traced)
+    recs = []
+    for nd in g.nodes:
+        names = traced.node_map[nd.id]
+        extra_inputs = [g.n + j for j, rs in readers.items() if nd.id in rs]
+        # A recomputation of a multi-output op allocates its secondary outputs again: a forward op's node
+        # counts them; a backward one (whose secondary outputs are weight gradients) is not recomputed.
+        multi = nd.id in secondary
+        counts = multi and not nd.backward and (inflate is None or nd.id in inflate)
+        extra_bytes = sum(int(g.nodes[i].bytes) for i in secondary[nd.id]) if counts else 0
+        recs.append({
+            "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes) + extra_bytes,
+            "inputs": list(nd.inputs) + extra_inputs, "backward": nd.backward,
+            "retain": any(nm in keep_names for nm in names),
+            "recomputable": not any(nm in user_out_names for nm in names) and not (multi and nd.backward),
+        })
+    order = list(groups)
+    tangent_bytes = 0
+    loss_label = g.n + len(tangents)
+    out_groups = sorted({gid for gid, names in traced.node_map.items() if any(nm in user_out_names for nm in names)})
+    for j, t in enumerate(tangents):
+        if not readers[j]:
+            continue
+        nbytes = strided_bytes(t.meta["val"])
+        tangent_bytes += nbytes
+        recs.append({"id": g.n + j, "name": f"tangent_{j}", "cost": 0.0, "bytes": nbytes,
+                     "inputs": [loss_label] if loss_bytes else [],
+                     "backward": True, "retain": True, "recomputable": False})
+        first = min(readers[j])
+        order.insert(order.index(first), g.n + j)
+    if loss_bytes:
+        # the loss's own temporaries (e.g. cross-entropy's log-softmax) live from the end of the forward
+        # until autograd hands the gradients over
+        recs.append({"id": loss_label, "name": "loss", "cost": 0.0, "bytes": int(loss_bytes), "inputs": out_groups,
+                     "backward": False, "retain": False, "recomputable": False})
+        first_tangent = next(k for k, lab in enumerate(order) if lab >= g.n)
+        order.insert(first_tangent, loss_label)
+    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + LOSS_RESERVE_BYTES,
+                                name=g.name, order=order)
+
+
+def secondary_outputs(traced) -> dict[int, list[int]]:
+    """Traced node id of a multi-output op -> the ids of the nodes the trace made of its other outputs.
+
+    The trace makes each secondary output of a multi-output op (a pooling's indices, a layer norm's
+    statistics, a dropout's mask: a getitem) a node of its own, computed once. But every computation of
+    the op, a recomputation included, allocates all its outputs at once.
+    """
+    by_name = {n.name: n for n in traced.joint_module.graph.nodes}
+    group_of = {nm: gid for gid, names in traced.node_map.items() for nm in names}
+    out: dict[int, list[int]] = {}
+    for gid, names in traced.node_map.items():
+        nodes = [by_name[nm] for nm in names]
+        if nodes and all(n.target is operator.getitem for n in nodes):
+            sources = {group_of.get(n.args[0].name) for n in nodes}
+            if len(sources) == 1 and None not in sources and gid not in sources:
+                out.setdefault(sources.pop(), []).append(gid)
+    return out
+
+
+def solver_groups(traced) -> dict[int, list[int]]:
+    """Solver node label -> the traced node ids it runs (one each; the tangents run none)."""
+    return {gid: [gid] for gid in range(traced.graph.n)}
+
+
+def strided_bytes(val) -> int:
+    """Bytes of the storage a tensor of this shape and stride needs (what the trace counted for it)."""
+    if val.numel() == 0:
+        return 0
+    span = 1 + sum((size - 1) * stride for size, stride in zip(val.shape, val.stride()))
+    return int(span * val.element_size())
+
+
+def split_position(graph: Graph, computes, groups: dict[int, list[int]]) -> int:
+    count = 0
+    for v in computes:
+        ids = groups.get(graph.labels[v])
+        if ids is None:
+            break
+        count += len(ids)
+    return count
+
+
+def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> list[int]:
+    """A solver-graph compute sequence in traced node ids (tangent nodes dropped, merged nodes expanded)."""
+    out: list[int] = []
+    for v in computes:
+        out.extend(groups.get(graph.labels[v], ()))
+    return out
+
+
+def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn) -> int:
+    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
+    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
+    from capture.measure_memory import StorageTracker
+
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(), torch.no_grad():
+            out = model(*inputs)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+    from torch.utils._pytree import tree_map
+
+    leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
+                      if isinstance(t, torch.Tensor) else t, out)
+    tracker = StorageTracker()
+    with tracker:
+        loss = loss_fn(leaves)
+        loss.backward()
+    from torch.utils._pytree import tree_leaves as _leaves
+
+    grads = sum(strided_bytes(t.grad) for t in _leaves(leaves) if isinstance(t, torch.Tensor) and t.grad is not None)
+    return max(0, int(tracker.peak_bytes) - grads)
