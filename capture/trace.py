@@ -30,11 +30,11 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from capture import costs as _costs
 from capture.contract import OpRecord, contract as _contract
+from capture.guards import Guard, record_reads_and_guard
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 from capture.measure_memory import storage_bytes
@@ -116,20 +116,6 @@ def flatten_output(out: Any, where: str = "output") -> tuple[list[torch.Tensor],
 # ---------------------------------------------------------------------------------------------
 # Specialisation
 # ---------------------------------------------------------------------------------------------
-class _ScalarReadRecorder(TorchDispatchMode):
-    """Records every operator whose result is a Python scalar (`.item()`, `bool(tensor)`, `equal`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[tuple[str, Any]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, (bool, int, float, complex)):
-            self.reads.append((str(func.overloadpacket.__name__), out))
-        return out
-
-
 @dataclass(frozen=True)
 class Specialisation:
     """What the traced graph assumes about its input.
@@ -149,21 +135,6 @@ class Specialisation:
     def describe(self) -> str:
         reads = ", ".join(f"{op}={v!r}" for op, v in self.scalar_reads) or "none"
         return f"shapes {list(self.input_shapes)}, dtypes {list(self.input_dtypes)}, scalar reads: {reads}"
-
-
-def _record_scalar_reads(model: torch.nn.Module, inputs: tuple) -> tuple[tuple[str, Any], ...]:
-    """Run the forward once (no grad, buffers and RNG restored) and record its scalar reads."""
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    devices = sorted({t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None})
-    rec = _ScalarReadRecorder()
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), rec:
-            model(*inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
-    return tuple(rec.reads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,6 +206,7 @@ class TraceResult:
     trace_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     model: torch.nn.Module | None = field(default=None, repr=False)
+    guard: Guard | None = field(default=None, repr=False)
 
     @property
     def total_flops(self) -> int:
@@ -267,8 +239,10 @@ class TraceResult:
     def check_input(self, *inputs: torch.Tensor) -> None:
         """Raise SpecialisationError if `inputs` would not take the traced path.
 
-        Checks count, shapes, dtypes and devices; if the traced forward read scalars from tensors,
-        runs the forward once more (no grad, buffers and RNG restored) and compares the reads.
+        Checks count, shapes, dtypes and devices; if the traced forward read scalars from tensors, recomputes
+        them with `guard` (the reads' backward slices, usually a few ops on the inputs: see capture.guards) and
+        compares; without a guard (a slice that mutates state or draws random numbers) it runs the forward once
+        more (no grad, buffers and RNG restored).
         """
         sp = self.specialisation
         if len(inputs) != len(sp.input_shapes):
@@ -288,7 +262,11 @@ class TraceResult:
         if self.model is not None and self.model.training != sp.training:
             raise SpecialisationError(f"the model was traced with training={sp.training}")
         if sp.scalar_reads and self.model is not None:
-            reads = _record_scalar_reads(self.model, tuple(inputs))
+            if self.guard is not None:
+                reads = tuple((op, value) for (op, _), value in
+                              zip(sp.scalar_reads, self.guard.reads(self.model, *inputs)))
+            else:
+                reads, _ = record_reads_and_guard(self.model, tuple(inputs))
             for k, (old, new) in enumerate(zip(sp.scalar_reads, reads)):
                 if old != new:
                     raise SpecialisationError(
@@ -658,11 +636,12 @@ def trace(
     phases: dict[str, float] = {}
     devices = sorted({t.device.index for t in inputs if t.is_cuda} - {None})
     scalar_reads: tuple = ()
+    guard: Guard | None = None
     try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
         with torch.random.fork_rng(devices=devices):
             gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, False)
     except _NeedsValues:
-        scalar_reads = _record_scalar_reads(model, inputs)
+        scalar_reads, guard = record_reads_and_guard(model, inputs)
         phases["scalar_reads"] = time.perf_counter() - t0
         with torch.random.fork_rng(devices=devices):
             gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, True)
@@ -730,4 +709,5 @@ def trace(
         trace_seconds=time.perf_counter() - t0,
         phase_seconds=phases,
         model=model,
+        guard=guard,
     )

@@ -317,6 +317,11 @@ def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: to
         return env[a]
     except KeyError:
         pass
+    if graph is not None and a.op == "get_attr":
+        # a constant of the joint module (a tensor the forward made from Python values): the planned modules
+        # share the joint module's attributes, so it is read where it is needed
+        env[a] = graph.node_copy(a)
+        return env[a]
     if graph is not None and a.op == "call_function" and free_view_root(a) is not None:
         # a free view of an input that the trace grouped with a later node: make it here (a view costs nothing)
         env[a] = graph.node_copy(a, lambda b: _lookup(env, b, a, graph))

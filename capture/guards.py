@@ -1,0 +1,159 @@
+"""Guards: recompute the scalars a traced forward read from tensors, without running the model.
+
+A forward that reads tensor values (`if torch.all(mask):`, `.item()`) is traced specialised to the values it read;
+an input is safe to run on the traced graph only if the forward would read the same values from it. Rerunning the
+whole forward to find out costs a forward per step. Instead, while the forward runs once at trace time, every aten
+op is logged with where its tensor arguments came from (a user input, a parameter or buffer, an earlier op, or a
+tensor from elsewhere, kept as a constant), and each scalar read's backward slice is kept: usually a handful of ops
+on the inputs (a mask's comparison and reduction). `Guard.reads(*inputs)` replays the slices on new inputs.
+
+Why replaying the slices is enough: the path a forward takes up to its k-th read is fixed by the reads before it,
+so if reads 1..k-1 agree, the k-th read's slice is the straight-line program that computes it on the new input.
+A slice that would mutate state (an in-place op, a buffer update) or draw random numbers cannot be replayed
+safely: no guard is built then, and the caller falls back to rerunning the forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+SCALAR_TYPES = (bool, int, float, complex)
+
+@dataclass(frozen=True)
+class _Ref:
+    """Where a tensor argument comes from: ("input", i), ("state", name), ("op", index, output position)."""
+
+    kind: str
+    key: Any
+    pos: int = 0
+
+@dataclass
+class _Op:
+    func: Any
+    spec: Any  # pytree spec of (args, kwargs)
+    leaves: list  # leaves with tensors replaced by _Ref, or kept as constants (tensors from elsewhere)
+    deps: tuple[int, ...]  # indices of the ops whose outputs it reads
+    unsafe: bool  # mutates its inputs or draws random numbers
+
+class _OpLogger(TorchDispatchMode):
+    """Logs every op with the provenance of its tensor arguments, and the scalar reads."""
+
+    def __init__(self, inputs: tuple, state: dict[str, torch.Tensor]):
+        super().__init__()
+        self.where = WeakIdKeyDictionary()
+        for i, t in enumerate(inputs):
+            if isinstance(t, torch.Tensor):
+                self.where[t] = _Ref("input", i)
+        for name, t in state.items():
+            self.where.setdefault(t, _Ref("state", name))
+        self.ops: list[_Op] = []
+        self.reads: list[tuple[int, str, Any]] = []  # (op index, op name, value)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
+        logged, deps = [], set()
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                ref = self.where.get(x)
+                if ref is None:
+                    logged.append(x)  # made outside the forward and the model's state: a constant
+                else:
+                    logged.append(ref)
+                    if ref.kind == "op":
+                        deps.add(ref.key)
+            else:
+                logged.append(x)
+        schema = getattr(func, "_schema", None)
+        unsafe = bool(schema is not None and schema.is_mutable) or torch.Tag.nondeterministic_seeded in getattr(
+            func, "tags", ())
+        k = len(self.ops)
+        self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for pos, o in enumerate(outs):
+            if isinstance(o, torch.Tensor):
+                self.where[o] = _Ref("op", k, pos)
+        if isinstance(out, SCALAR_TYPES):
+            self.reads.append((k, str(func.overloadpacket.__name__), out))
+        return out
+
+class Guard:
+    """The backward slices of a forward's scalar reads, replayable on new inputs (see the module docstring)."""
+
+    def __init__(self, ops: list[_Op], read_ops: list[int], state_names: list[str]):
+        self.ops = ops  # the slice, in program order (indices into the original log are remapped)
+        self.read_ops = read_ops  # positions in self.ops whose results are the reads, in read order
+        self.state_names = state_names
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.ops)
+
+    def reads(self, model: torch.nn.Module, *inputs: torch.Tensor) -> tuple[Any, ...]:
+        """The scalars the traced forward would read from `inputs`, in order (no grad, nothing mutated)."""
+        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        results: list[Any] = []
+        with torch.no_grad():
+            for op in self.ops:
+                leaves = []
+                for x in op.leaves:
+                    if isinstance(x, _Ref):
+                        if x.kind == "input":
+                            leaves.append(inputs[x.key])
+                        elif x.kind == "state":
+                            leaves.append(state[x.key])
+                        else:
+                            r = results[x.key]
+                            leaves.append(r[x.pos] if isinstance(r, (tuple, list)) else r)
+                    else:
+                        leaves.append(x)
+                args, kwargs = tree_unflatten(leaves, op.spec)
+                results.append(op.func(*args, **kwargs))
+        return tuple(results[k] for k in self.read_ops)
+
+def record_reads_and_guard(model: torch.nn.Module, inputs: tuple) -> tuple[tuple[tuple[str, Any], ...], Guard | None]:
+    """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value) and
+    a Guard that recomputes them, or None when a read's slice cannot be replayed safely."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    devices = sorted({t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None})
+    log = _OpLogger(inputs, state)
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), log:
+            model(*inputs)
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+    reads = tuple((name, value) for _, name, value in log.reads)
+    return reads, _slice(log)
+
+def _slice(log: _OpLogger) -> Guard | None:
+    if not log.reads:
+        return None
+    keep: set[int] = set()
+    stack = [k for k, _, _ in log.reads]
+    while stack:
+        k = stack.pop()
+        if k in keep:
+            continue
+        keep.add(k)
+        stack.extend(log.ops[k].deps)
+    order = sorted(keep)
+    if any(log.ops[k].unsafe for k in order):
+        return None
+    new_index = {k: j for j, k in enumerate(order)}
+    ops = []
+    for k in order:
+        op = log.ops[k]
+        leaves = [_Ref("op", new_index[x.key], x.pos) if isinstance(x, _Ref) and x.kind == "op" else x
+                  for x in op.leaves]
+        ops.append(_Op(op.func, op.spec, leaves, tuple(new_index[d] for d in op.deps), False))
+    return Guard(ops, [new_index[k] for k, _, _ in log.reads], sorted({x.key for op in ops for x in op.leaves
+                                                                       if isinstance(x, _Ref) and x.kind == "state"}))

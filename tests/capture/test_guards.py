@@ -1,0 +1,87 @@
+"""Guards recompute a specialised forward's scalar reads without running the model (capture/guards.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from capture.trace import SpecialisationError, trace
+from tests.capture.test_trace_hazards import ItemModel, MaskModel
+
+
+def _count_forwards(model: nn.Module) -> list[int]:
+    calls = [0]
+    model.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_mask_check_is_a_few_ops_and_needs_no_forward():
+    torch.manual_seed(0)
+    model = MaskModel().train()
+    x, mask = torch.randn(2, 4, 8), torch.ones(2, 4)
+    tr = trace(model, (x, mask))
+    assert tr.specialisation.scalar_reads and tr.guard is not None
+    assert tr.guard.num_ops <= 3  # all(mask) and its read; the linear layer is not in the slice
+    calls = _count_forwards(model)
+    tr.check_input(torch.randn(2, 4, 8), torch.ones(2, 4))
+    assert calls[0] == 0
+    other = torch.ones(2, 4)
+    other[1, 3] = 0
+    with pytest.raises(SpecialisationError, match="another path"):
+        tr.check_input(x, other)
+    assert calls[0] == 0
+
+
+def test_item_read_is_replayed_on_the_new_input():
+    torch.manual_seed(0)
+    model = ItemModel()
+    x, lengths = torch.randn(2, 5, 8), torch.tensor([3, 4])
+    tr = trace(model, (x, lengths))
+    assert tr.guard is not None
+    tr.check_input(torch.randn(2, 5, 8), torch.tensor([4, 1]))  # max is 4 again
+    with pytest.raises(SpecialisationError):
+        tr.check_input(x, torch.tensor([2, 3]))
+
+
+class RandomRead(nn.Module):
+    """The value read depends on a random draw: replaying it would consume random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = nn.functional.dropout(self.lin(x), 0.5, self.training)
+        if bool((h != 0).any()):
+            return h.relu()
+        return h
+
+
+class BufferRead(nn.Module):
+    """Reads a buffer it updates in place: replaying the slice would mutate the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.steps += 1
+        if self.steps.item() > 0:
+            return self.lin(x).tanh()
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("cls", [RandomRead, BufferRead])
+def test_no_guard_where_the_slice_is_unsafe_and_the_forward_still_checks(cls):
+    torch.manual_seed(0)
+    model = cls().train()
+    x = torch.randn(4, 8)
+    tr = trace(model, (x,))
+    assert tr.specialisation.scalar_reads and tr.guard is None
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    y = torch.randn(4, 8)
+    rng = torch.random.get_rng_state()
+    tr.check_input(y)  # falls back to a forward; nothing of the model or the RNG changes
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(rng, torch.random.get_rng_state())
