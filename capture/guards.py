@@ -117,16 +117,21 @@ class Guard:
                 results.append(op.func(*args, **kwargs))
         return tuple(results[k] for k in self.read_ops)
 
-def record_reads_and_guard(model: torch.nn.Module, inputs: tuple) -> tuple[tuple[tuple[str, Any], ...], Guard | None]:
+def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
+                           ) -> tuple[tuple[tuple[str, Any], ...], Guard | None]:
     """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value) and
-    a Guard that recomputes them, or None when a read's slice cannot be replayed safely."""
+    a Guard that recomputes them, or None when a read's slice cannot be replayed safely. `inputs` are the user
+    input tensors; `call` (a capture.call.CallSpec) says how they are passed (None: positionally)."""
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     devices = sorted({t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None})
     log = _OpLogger(inputs, state)
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad(), log:
-            model(*inputs)
+            if call is None:
+                model(*inputs)
+            else:
+                call.call(model, inputs)
     finally:
         with torch.no_grad():
             for name, b in model.named_buffers():

@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from capture import costs as _costs
 from capture.contract import OpRecord, contract as _contract
+from capture.call import CallSpec
 from capture.guards import Guard, record_reads_and_guard
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
@@ -207,6 +208,7 @@ class TraceResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     model: torch.nn.Module | None = field(default=None, repr=False)
     guard: Guard | None = field(default=None, repr=False)
+    call_spec: CallSpec | None = None  # how the model is called (None: positional inputs only)
 
     @property
     def total_flops(self) -> int:
@@ -266,7 +268,7 @@ class TraceResult:
                 reads = tuple((op, value) for (op, _), value in
                               zip(sp.scalar_reads, self.guard.reads(self.model, *inputs)))
             else:
-                reads, _ = record_reads_and_guard(self.model, tuple(inputs))
+                reads, _ = record_reads_and_guard(self.model, tuple(inputs), self.call_spec)
             for k, (old, new) in enumerate(zip(sp.scalar_reads, reads)):
                 if old != new:
                     raise SpecialisationError(
@@ -338,7 +340,7 @@ def _quiet_symbolic_shapes():
         logger.setLevel(old)
 
 
-def _capture_joint(model, params, buffers, inputs, real_values: bool):
+def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: bool):
     """AOTAutograd joint capture. Returns (gm, num_fwd_outputs, output spec).
 
     With `real_values` the fake tensors carry real data (every op also runs for real), so that a
@@ -355,7 +357,8 @@ def _capture_joint(model, params, buffers, inputs, real_values: bool):
 
     def flat_fn(*args):
         state = dict(zip(names, args[:n_state]))
-        out = torch.func.functional_call(model, state, tuple(args[n_state:]), tie_weights=True, strict=False)
+        call_args, call_kwargs = call.split(args[n_state:])
+        out = torch.func.functional_call(model, state, call_args, call_kwargs, tie_weights=True, strict=False)
         leaves, spec = flatten_output(out)
         holder["spec"] = spec
         return tuple(leaves)
@@ -604,7 +607,8 @@ def trace(
 ) -> TraceResult:
     """Trace one training step of `model` on `sample_input` into a `TraceResult`.
 
-    sample_input: a tensor or a tuple/list of tensors (the positional arguments of `model`).
+    sample_input: a tensor, a tuple/list of tensors (the positional arguments of `model`), a dict of keyword
+        arguments, or (args, kwargs) (see capture.call: non-tensor keyword values are constants of the graph).
     cost_model: "flops" (registry FLOPs), "time" (seconds per op measured here: 1 warm-up run, the
         median of `time_repeats` runs) or "roofline" (seconds on `device_name`, one of
         `capture.costs.DEVICES`).
@@ -626,10 +630,7 @@ def trace(
         if device_name is None:
             raise ValueError("cost_model='roofline' needs device_name (one of " + ", ".join(_costs.DEVICES) + ")")
         _costs.get_device(device_name)
-    inputs = (sample_input,) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
-    for k, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            raise TraceError(f"sample input {k} is a {type(t).__name__}: the tracer takes tensors only")
+    call, inputs = CallSpec.of(sample_input)
     params = dict(model.named_parameters())  # tied parameters appear once, under their first name
     buffers = dict(model.named_buffers())
 
@@ -639,12 +640,12 @@ def trace(
     guard: Guard | None = None
     try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
         with torch.random.fork_rng(devices=devices):
-            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, False)
+            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, call, False)
     except _NeedsValues:
-        scalar_reads, guard = record_reads_and_guard(model, inputs)
+        scalar_reads, guard = record_reads_and_guard(model, inputs, call)
         phases["scalar_reads"] = time.perf_counter() - t0
         with torch.random.fork_rng(devices=devices):
-            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, True)
+            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, call, True)
     phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
         input_shapes=tuple(tuple(t.shape) for t in inputs),
@@ -710,4 +711,5 @@ def trace(
         phase_seconds=phases,
         model=model,
         guard=guard,
+        call_spec=call,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -24,6 +25,7 @@ from graphs.schedule import Schedule, Status
 from graphs.result import SolveResult
 from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
+from capture.call import CallSpec
 from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
 from planner.solver_graph import (loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
                                   solver_groups, split_position, trace_model, traced_sequence)
@@ -38,11 +40,9 @@ COST_MODELS = ("auto", "flops", "time", "roofline")
 # Inputs, budgets, fingerprints
 # ---------------------------------------------------------------------------------------------
 def _as_inputs(sample_input) -> tuple:
-    if isinstance(sample_input, torch.Tensor):
-        return (sample_input,)
-    if isinstance(sample_input, (tuple, list)):
-        return tuple(sample_input)
-    raise TypeError(f"sample_input must be a tensor or a tuple of tensors, not {type(sample_input).__name__}")
+    """The user-input tensors of a sample input (a tensor, a tuple of tensors, a dict of keyword arguments, or
+    (args, kwargs): see capture.call)."""
+    return CallSpec.of(sample_input)[1]
 
 
 def budget_bytes_from_gb(budget_gb: float) -> int:
@@ -263,12 +263,12 @@ class Plan:
             raise PlanMismatchError(f"this plan was made for input {k} of shape {want[k][0]} and dtype {want[k][1]}, "
                                     f"got shape {got[k][0]}" + (f" and dtype {got[k][1]}" if len(got[k]) > 1 else ""))
 
-    def _trace_for(self, model: torch.nn.Module, inputs: tuple):
-        """Trace `model` on `inputs` and check that it gives this plan's graph (used by loaded plans)."""
+    def _trace_for(self, model: torch.nn.Module, sample_input):
+        """Trace `model` on `sample_input` and check that it gives this plan's graph (used by loaded plans)."""
         self.check_model(model)
-        self.check_inputs(inputs)
+        self.check_inputs(_as_inputs(sample_input))
         cm = "flops" if self.cost_model != "flops" else self.cost_model  # structure does not depend on costs
-        traced = trace_model(model, inputs, cm)
+        traced = trace_model(model, sample_input, cm)
         got = solver_graph(traced, self.inflated, self.loss_bytes)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
@@ -288,7 +288,7 @@ class Plan:
         if self.traced is not None:
             traced = self.traced if self.traced.model is model else dataclasses.replace(self.traced, model=model)
         elif sample_input is not None:
-            traced = self._trace_for(model, _as_inputs(sample_input))
+            traced = self._trace_for(model, sample_input)
         module = PlannedModule(model, self, traced)
         if traced is not None:
             compile_schedule(traced, self.compute_sequence, self.split_position)  # fail now, not at the first step
@@ -339,6 +339,10 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
          traced=None, loss_fn=None) -> Plan:
     """Plan one training step of `model` on `sample_input` within `budget_gb` gigabytes (1 GB = 10^9 bytes).
 
+    sample_input: a tensor, a tuple of tensors, a dict of keyword arguments (`model(**batch)`), or (args, kwargs);
+    non-tensor keyword values are constants of the plan. A model that computes its own loss (a transformers
+    model given `labels`) is planned with that loss in the graph.
+
     The budget covers everything one forward+backward holds at once: parameters, buffers, inputs, the
     gradient of the output, activations and parameter gradients (what torch.cuda.max_memory_allocated
     reports for one step on a device that held only the model and the inputs). Call `model.train()`
@@ -355,14 +359,16 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     NoSolutionInTimeError when no schedule was found within `time_limit_s` and nothing proves that none exists,
     capture.trace.TraceError when the model cannot be traced.
     """
-    inputs = _as_inputs(sample_input)
+    call, inputs = CallSpec.of(sample_input)
     budget_bytes = budget_bytes_from_gb(budget_gb)
     cm = _resolve_cost_model(cost_model)
     if traced is None:
-        traced = trace_model(model, inputs, cm, device_name)
+        traced = trace_model(model, sample_input, cm, device_name)
     elif traced.model is not model:
         raise ValueError("`traced` belongs to another model object")
-    loss_bytes = 0 if loss_fn is None else loss_workspace_bytes(model, inputs, loss_fn)
+    loss_bytes = 0 if loss_fn is None else loss_workspace_bytes(model, inputs, loss_fn, call)
+    if loss_fn is None:
+        _warn_if_no_loss(traced)
     graph = solver_graph(traced, None, loss_bytes)
     t0 = time.perf_counter()
     try:
@@ -389,6 +395,24 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                 loss_bytes=loss_bytes,
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
+
+
+class LossNotPlannedWarning(UserWarning):
+    """The model returns no scalar loss and no `loss_fn` was given: the loss's memory is not in the plan."""
+
+
+def _warn_if_no_loss(traced) -> None:
+    """Warn when no differentiated output is a scalar: the loss the step computes from them lies outside the
+    plan, and its temporaries (a cross-entropy's log-softmax: about one more copy of the logits) are not counted."""
+    phs = [n for n in traced.joint_module.graph.nodes if n.op == "placeholder"][traced.num_primals:]
+    vals = [ph.meta["val"] for ph in phs]
+    if not vals or any(v.numel() == 1 for v in vals):
+        return
+    out_bytes = sum(v.numel() * v.element_size() for v in vals)
+    warnings.warn(LossNotPlannedWarning(
+        f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: the memory the "
+        f"loss holds beyond a scalar (for a cross-entropy about {out_bytes} bytes more) is not planned for; pass "
+        "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=3)
 
 
 def _free_at_last_use(graph: Graph, result: SolveResult) -> SolveResult:

@@ -423,7 +423,8 @@ class StepRunner:
 class PlannedModule(torch.nn.Module):
     """A drop-in replacement of `model` for training that runs a planned schedule.
 
-    `out = m(*inputs); loss(out).backward(); optimizer.step()` work as with the original model; the
+    `out = m(*inputs)` (or `m(**batch)`, as the plan was traced); `loss(out).backward(); optimizer.step()` work
+    as with the original model; the
     parameters, buffers, gradients and state_dict are the original model's (under the `module.` prefix
     for state_dict). Inputs must match the traced specialisation (shapes, dtypes, values read in Python)
     or PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
@@ -441,22 +442,23 @@ class PlannedModule(torch.nn.Module):
         return self._plan
 
     def _prepare(self, inputs: tuple) -> None:
-        if self._traced is None:
-            self._traced = self._plan._trace_for(self.module, inputs)
         if self._runner is None:
             step = compile_schedule(self._traced, self._plan.compute_sequence, self._plan.split_position)
             device = inputs[0].device if inputs else next(self.module.parameters()).device
             self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
 
-    def forward(self, *inputs):
+    def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
-            return self.module(*inputs)
-        self._prepare(inputs)
+            return self.module(*args, **kwargs)
+        if self._traced is None:  # a loaded plan: trace on the first call's input (the plan checks the graph)
+            self._traced = self._plan._trace_for(self.module, (args, kwargs) if kwargs else args)
         tr = self._traced
         try:
+            inputs = tr.call_spec.flatten(args, kwargs) if tr.call_spec is not None else args
             tr.check_input(*inputs)
         except RematError as e:
             raise PlanMismatchError(f"this plan does not fit the input: {e}") from e
+        self._prepare(inputs)
         params = dict(self.module.named_parameters())
         buffers = dict(self.module.named_buffers())
         for k, t in enumerate(inputs):

@@ -19,7 +19,7 @@ from planner.executor import free_view_root
 LOSS_RESERVE_BYTES = 1024
 
 
-def trace_model(model: torch.nn.Module, inputs: tuple, cost_model: str = "flops", device_name: str | None = None):
+def trace_model(model: torch.nn.Module, sample_input, cost_model: str = "flops", device_name: str | None = None):
     """`capture.trace.trace` with each fx forward node tagged with the module that ran it.
 
     The tags (`meta["nn_module_stack"]`) come from forward pre/post hooks that write the current module
@@ -47,7 +47,7 @@ def trace_model(model: torch.nn.Module, inputs: tuple, cost_model: str = "flops"
         handles.append(sub.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
         handles.append(sub.register_forward_hook(lambda m, a, o, name=name: post(m, a, o, name)))
     try:
-        return trace(model, inputs, cost_model=cost_model, device_name=device_name, contract=True)
+        return trace(model, sample_input, cost_model=cost_model, device_name=device_name, contract=True)
     finally:
         for h in handles:
             h.remove()
@@ -218,7 +218,7 @@ def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> lis
     return out
 
 
-def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn) -> int:
+def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> int:
     """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
     copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
     from capture.measure_memory import StorageTracker
@@ -226,7 +226,7 @@ def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn) -> int:
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         with torch.random.fork_rng(), torch.no_grad():
-            out = model(*inputs)
+            out = model(*inputs) if call is None else call.call(model, inputs)
     finally:
         with torch.no_grad():
             for name, b in model.named_buffers():

@@ -147,3 +147,12 @@ def test_solver_graph_adjustments(gpt):
     names = {nd.name: nd for nd in g.nodes}
     assert any(n.startswith("native_dropout") and nd.recomputable for n, nd in names.items())
     assert sum(1 for nd in g.nodes if nd.retain and not nd.backward) == 1  # only the logits
+
+
+def test_a_plan_without_a_loss_says_what_it_leaves_out():
+    from planner.api import LossNotPlannedWarning
+    from tests.models import make_mlp
+
+    model, x = make_mlp()
+    with pytest.warns(LossNotPlannedWarning, match="not a scalar loss"):
+        plan(model, x, 1000.0, cost_model="flops", time_limit_s=5)
