@@ -19,8 +19,7 @@ import torch  # noqa: E402
 from examples.gpt import make_gpt_demo  # noqa: E402
 from planner import plan  # noqa: E402
 from planner.measure import interleaved_step_seconds  # noqa: E402
-from scripts.bench_pytorch import CONFIGS  # noqa: E402
-from tests.models import MAKERS  # noqa: E402
+from scripts.bench_pytorch import BENCH_MAKERS, CONFIGS  # noqa: E402
 
 
 def main() -> None:
@@ -29,7 +28,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}
+    cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: BENCH_MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}
     print("| model | eager step (ms) | planned step, 100 % budget (ms) | planned / eager |")
     print("|---|---:|---:|---:|")
     for label, make in cases.items():

@@ -17,6 +17,13 @@ forced-recomputation bound (auto then stops at once, without the later steps). T
 larger of the exact solver's (for its schedule family, dropped when a schedule outside the family beats it) and
 the forced-recomputation bound (for every schedule); `info["bound_from"]` and `info["bound_scope"]` say which.
 `info["chosen"]` names the solver whose schedule was returned and `info["tried"]` lists every attempt.
+
+The time limit is a hard limit: each step gets at most its share (FAST_SHARE of it for each fast heuristic,
+FORCED_BOUND_SHARE for the bound, ...) and the shared deadline of `solvers.deadline`; a solver that fails with a
+SolverError (a backend failure, an invalid proposal) is recorded and skipped. When no step found a schedule, auto
+raises InfeasibleBudgetError only where something proves it (the single-operation bound, the subgraph relaxation,
+non-recomputable values that must stay resident, an exact solver's proof for its family), else
+NoSolutionInTimeError with the least budget known to work.
 """
 from __future__ import annotations
 
@@ -59,7 +66,6 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
     limit -= min(SAFETY_S, SAFETY_SHARE * limit)
     t0 = time.perf_counter()
-    full = limit
     check_budget_floor(graph, budget_bytes, "auto")
     tried: list[dict] = []
     results: list[SolveResult] = []
@@ -96,7 +102,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
     first = attempt("checkpoint_all", None)
     if first is not None:
         return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
-    forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * full))
+    forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
 
     def proven() -> bool:
         # a schedule costs no more than the bound for every schedule: nothing can do better
@@ -104,7 +110,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
 
     for name in FAST_HEURISTICS:
-        attempt(name, min(remaining(), FAST_SHARE * full))
+        attempt(name, min(remaining(), FAST_SHARE * limit))
     if not results:
         _raise_if_no_schedule_fits(graph, budget_bytes, infeasible, min(SUBGRAPH_S, 0.2 * remaining()))
     if results and all(r.solver == "lowest_memory" for r in results):

@@ -41,7 +41,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
-from solvers.deadline import check, deadline_after, earlier, seconds_left
+from solvers.deadline import check, deadline_after, earlier, passed, seconds_left
 from solvers.highs import HighsWithStart
 from solvers.exact.stage_model import (free_matrix, modeled_memory, project_to_stage_family, ratio_kept_sequences,
                                  sequence_from_stages, stage_cost, stages_from_sequence)
@@ -143,6 +143,7 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     LE, EQ = pulp.LpConstraintLE, pulp.LpConstraintEQ
     # A value kept into stage t+1 was kept into stage t or computed in stage t.
     for t in range(n):
+        tick(t)
         for i in range(t):
             if isinstance(s(t + 1, i), int) and s(t + 1, i) == 0:
                 continue
@@ -549,6 +550,8 @@ def _ratio_starts(graph: Graph, budget_bytes: int, deadline: float | None) -> li
     helps where the baselines have nothing to offer, e.g. graphs without a backward pass)."""
     best = None
     for seq in ratio_kept_sequences(graph, deadline=deadline):
+        if passed(deadline) or len(seq) > 20 * graph.n:
+            break  # a longer sequence takes seconds to replay on large graphs, and makes a poor start
         sim = simulate(graph, Schedule.from_sequence(graph, seq))
         if sim.peak_bytes <= budget_bytes and (best is None or sim.total_cost < best[0]):
             best = (sim.total_cost, "cost_per_byte_keep", seq)

@@ -139,19 +139,22 @@ def literal_schedule(graph: Graph, R: np.ndarray, S: np.ndarray,
     return Schedule(tuple(ops))
 
 
-def recompute_for_kept(graph: Graph, S: np.ndarray) -> np.ndarray:
+def recompute_for_kept(graph: Graph, S: np.ndarray, deadline: float | None = None) -> np.ndarray | None:
     """The cheapest recomputation R for a kept pattern S (Checkmate's rule for rounding).
 
     Within stage t, node i < t is recomputed exactly when it is needed and not resident: some node computed
     later in the stage reads it, or S[t+1] wants it and S[t] lacks it. Decided from t-1 down to 0.
     Non-recomputable nodes are never recomputed: their one computation stays resident until its last use
-    (as `Schedule.from_sequence` keeps it), whatever S says.
+    (as `Schedule.from_sequence` keeps it), whatever S says. None once `deadline` (time.perf_counter()) passes
+    (quadratic in the nodes: about a second for 1000).
     """
     n = graph.n
     R = np.zeros((n, n), dtype=bool)
     users = graph.users
     fixed = [not nd.recomputable for nd in graph.nodes]
     for t in range(n):
+        if deadline is not None and t % 64 == 0 and passed(deadline):
+            return None
         R[t, t] = True
         for i in range(t - 1, -1, -1):
             if S[t, i] or fixed[i]:
@@ -165,29 +168,29 @@ def stage_cost(graph: Graph, R: np.ndarray) -> float:
     return float((R.sum(axis=0) * graph.costs).sum())
 
 
-def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32, deadline: float | None = None) -> list[list[int]]:
-    """Stage-family sequences from a simple keep policy, for warm starts: keep the values whose cost per byte
-    is at least a threshold (expensive, small values are worth their memory), for up to `max_thresholds`
+def ratio_kept_sequences(graph: Graph, max_thresholds: int = 32, deadline: float | None = None):
+    """Stage-family sequences from a simple keep policy, for warm starts (a generator): keep the values whose cost
+    per byte is at least a threshold (expensive, small values are worth their memory), for up to `max_thresholds`
     thresholds spread over the distinct scores; the rest is recomputed where needed (`recompute_for_kept`).
-    Thresholds not started by `deadline` (time.perf_counter()) are left out (a 1000-node graph: seconds each)."""
+    Thresholds not finished by `deadline` (time.perf_counter()) are left out (a 1000-node graph: seconds each)."""
     n = graph.n
     sizes = graph.sizes.astype(float)
     score = graph.costs / np.maximum(sizes, 1.0)
     distinct = np.unique(score)
     if len(distinct) > max_thresholds:
         distinct = distinct[np.unique(np.linspace(0, len(distinct) - 1, max_thresholds).round().astype(int))]
-    out = []
     for theta in [*distinct.tolist(), np.inf]:
         if passed(deadline):
-            break
+            return
         keep = score >= theta
         S = np.zeros((n + 1, n), dtype=bool)
         for i in np.nonzero(keep)[0]:
             S[i + 1:n, i] = True
         S[n, list(graph.retained)] = True
-        R = recompute_for_kept(graph, S)
-        out.append(sequence_from_stages(graph, R, S))
-    return out
+        R = recompute_for_kept(graph, S, deadline)
+        if R is None:
+            return
+        yield sequence_from_stages(graph, R, S)
 
 
 def project_to_stage_family(graph: Graph, sequence: Sequence[int]) -> list[int] | None:

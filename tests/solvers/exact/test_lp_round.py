@@ -89,7 +89,7 @@ def test_rounded_schedule_of_random_patterns_is_always_valid():
 def test_cost_per_byte_keep_sequences_are_valid_family_members(g):
     from solvers.exact.stage_model import ratio_kept_sequences
 
-    seqs = ratio_kept_sequences(g)
+    seqs = list(ratio_kept_sequences(g))
     assert seqs
     for seq in seqs:
         simulate(g, Schedule.from_sequence(g, seq))  # valid
