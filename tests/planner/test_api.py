@@ -156,3 +156,18 @@ def test_a_plan_without_a_loss_says_what_it_leaves_out():
     model, x = make_mlp()
     with pytest.warns(LossNotPlannedWarning, match="not a scalar loss"):
         plan(model, x, 1000.0, cost_model="flops", time_limit_s=5)
+
+
+def test_a_plan_with_the_default_cost_model_reloads(tmp_path):
+    # Regression: the contraction folds free views only where they cost nothing, so a plan traced with measured
+    # times (the default cost model) was refused on reload when the re-trace used FLOPs ("29 graph nodes, the plan
+    # has 39").
+    from tests.models import make_mlp
+
+    model, x = make_mlp()
+    eager = step_state(copy.deepcopy(model), x, seed=7)
+    p = plan(model, x, 1000.0, time_limit_s=5, loss_fn=lambda out: out.sum())
+    assert p.cost_model == "time"
+    p.to_json(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    assert_same_state(step_state(loaded.apply(copy.deepcopy(model), x), x, seed=7), eager)
