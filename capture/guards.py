@@ -86,10 +86,9 @@ class _OpLogger(TorchDispatchMode):
 class Guard:
     """The backward slices of a forward's scalar reads, replayable on new inputs (see the module docstring)."""
 
-    def __init__(self, ops: list[_Op], read_ops: list[int], state_names: list[str]):
+    def __init__(self, ops: list[_Op], read_ops: list[int]):
         self.ops = ops  # the slice, in program order (indices into the original log are remapped)
         self.read_ops = read_ops  # positions in self.ops whose results are the reads, in read order
-        self.state_names = state_names
 
     @property
     def num_ops(self) -> int:
@@ -159,6 +158,5 @@ def _slice(log: _OpLogger) -> Guard | None:
         op = log.ops[k]
         leaves = [_Ref("op", new_index[x.key], x.pos) if isinstance(x, _Ref) and x.kind == "op" else x
                   for x in op.leaves]
-        ops.append(_Op(op.func, op.spec, leaves, tuple(new_index[d] for d in op.deps), False))
-    return Guard(ops, [new_index[k] for k, _, _ in log.reads], sorted({x.key for op in ops for x in op.leaves
-                                                                       if isinstance(x, _Ref) and x.kind == "state"}))
+        ops.append(_Op(op.func, op.spec, leaves, (), False))  # replay needs no dependency lists
+    return Guard(ops, [new_index[k] for k, _, _ in log.reads])

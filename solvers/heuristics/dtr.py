@@ -68,6 +68,7 @@ class Rollout:
                 d = min(d, self.last_use[i] if not self.recomputable[i] else dl[i])
             dl[v] = d if self.recomputable[v] else -INF
         self.deadline = dl
+        self.stuck: dict | None = None  # why the last run gave up (None: it did not)
 
     # ---- helpers available to score functions ------------------------------------------------
     def next_use(self, u: int, step: int) -> int:
@@ -75,6 +76,11 @@ class Rollout:
         us = self.users[u]
         k = bisect.bisect_right(us, step)
         return us[k] if k < len(us) else self.n
+
+    @property
+    def cut_by_deadline(self) -> bool:
+        """Whether the last `run` gave up because its deadline passed (not because it got stuck)."""
+        return (self.stuck or {}).get("reason") == "deadline"
 
     # ---- the rollout -------------------------------------------------------------------------
     def run(self, budget_bytes: int, den: Callable, bias: list[float] | None = None, *,
@@ -271,7 +277,7 @@ def rollout_or_none(eng: Rollout, budget_bytes: int, den: Callable, deadline: fl
     seq = eng.run(budget_bytes, den, deadline_s=deadline, **run_options)
     if seq is not None:
         return True
-    return None if (eng.stuck or {}).get("reason") == "deadline" else False
+    return None if eng.cut_by_deadline else False
 
 
 def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, deadline: float | None = None,
@@ -282,7 +288,7 @@ def greedy_sequence(graph: Graph, budget_bytes: int, den: Callable, name: str, d
     seq = None
     if budget_bytes >= graph.single_op_bound_bytes():
         seq = eng.run(budget_bytes, den, deadline_s=deadline, **run_options)
-        if seq is None and eng.stuck.get("reason") == "deadline":
+        if seq is None and eng.cut_by_deadline:
             raise NoSolutionInTimeError(f"{name}: its rollout did not finish within the time limit",
                                         budget_bytes=budget_bytes, solver=name)
     if seq is None:

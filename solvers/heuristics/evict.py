@@ -94,7 +94,7 @@ def evict(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             stop = deadline if k == 0 else min(deadline, t0 + 0.25 * limit)
             consider(name, eng.run(budget_bytes, den, max_computes=cap, deadline_s=stop, **opts))
             if k == 0:
-                first_cut = (eng.stuck or {}).get("reason") == "deadline"
+                first_cut = eng.cut_by_deadline
         # keep a margin for the replay and the checks after the search; the ruin-and-recreate
         # search gets a fifth of the time when the MILP over the same family follows it
         end = t0 + 0.92 * limit - 0.3

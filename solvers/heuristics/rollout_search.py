@@ -66,7 +66,7 @@ def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | Non
             seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap, deadline_s=deadline, **opts)
             done += 1
             if seq is None:
-                if done <= unperturbed and eng.stuck.get("reason") == "deadline":
+                if done <= unperturbed and eng.cut_by_deadline:
                     complete = False  # an unperturbed rollout was cut: its failure says nothing
                 continue
             sched = Schedule.from_sequence(graph, seq)
