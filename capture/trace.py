@@ -88,6 +88,19 @@ class OutputSpec:
             return dict(zip(self.keys, vals))
 
 
+def own_loss_leaf(out: Any, leaves: list[torch.Tensor]) -> int | None:
+    """The index among the output's leaves of the loss the model computed itself (a scalar floating-point `loss`
+    entry, as transformers models given labels return), or None.
+
+    When there is one, the step differentiates that loss alone: the trace gives the other outputs no incoming
+    gradient, so the backward holds no zero gradient of the logits that eager would not hold either. The planned
+    module refuses, at the backward, a gradient that reaches one of the other outputs (see the executor)."""
+    loss = out.get("loss") if isinstance(out, Mapping) else None
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point() and loss.requires_grad):
+        return None
+    return next((k for k, t in enumerate(leaves) if t is loss), None)
+
+
 def flatten_output(out: Any, where: str = "output") -> tuple[list[torch.Tensor], OutputSpec]:
     """Tensor leaves of a model output and its OutputSpec. Raises TraceError on unknown containers."""
     leaves: list[torch.Tensor] = []
@@ -361,6 +374,10 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
         out = torch.func.functional_call(model, state, call_args, call_kwargs, tie_weights=True, strict=False)
         leaves, spec = flatten_output(out)
         holder["spec"] = spec
+        loss_at = own_loss_leaf(out, leaves)
+        holder["loss_leaf"] = loss_at
+        if loss_at is not None:  # only the model's own loss is differentiated (see own_loss_leaf)
+            leaves = [t if k == loss_at else t.detach() for k, t in enumerate(leaves)]
         return tuple(leaves)
 
     def capture(joint_module, joint_inputs, *, num_fwd_outputs, **_):

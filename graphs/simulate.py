@@ -30,8 +30,14 @@ class SimResult:
         return [int(i) for i in np.nonzero(self.compute_counts > 1)[0]]
 
 
-def simulate(graph: Graph, schedule: Schedule) -> SimResult:
+def simulate(graph: Graph, schedule: Schedule, co_outputs=None) -> SimResult:
     """Replay `schedule` on `graph`. Raises ScheduleError (naming the op) if it is invalid.
+
+    co_outputs (optional): node -> the nodes its operation allocates along with its own output (a multi-output
+    op's other outputs, each a node of its own). Computing the node then also holds all of them for the length
+    of the op: those the schedule does not compute next are dropped at once, those it does are the same storage
+    (counted again at their own compute, when the peak at the op already covered them). This is exact for the
+    executor; solvers instead count them in the node's size (see planner.solver_graph), which over-counts.
 
     Invalid: an unknown node id; computing v while an input is not resident; computing a value
     that is already resident; recomputing a non-recomputable node; freeing a value that is not
@@ -66,8 +72,11 @@ def simulate(graph: Graph, schedule: Schedule) -> SimResult:
             resident[v] = True
             counts[v] += 1
             total += float(costs[v])
-            if mem > peak:
-                peak, peak_at = mem, k
+            at_op = mem
+            if co_outputs is not None and v in co_outputs:
+                at_op += sum(int(sizes[s]) for s in co_outputs[v])
+            if at_op > peak:
+                peak, peak_at = at_op, k
         elif op.kind is OpKind.FREE:
             if not resident[v]:
                 raise ScheduleError(f"op {k} (free {graph.describe(v)}): the value is not resident", k)

@@ -27,7 +27,7 @@ from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
 from capture.call import CallSpec
 from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
-from planner.solver_graph import (loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
+from planner.solver_graph import (exact_peak_bytes, loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
                                   solver_groups, split_position, trace_model, traced_sequence)
 from solvers.base import solve
 
@@ -124,6 +124,7 @@ class Plan:
     groups: dict[int, list[int]] = field(default_factory=dict)  # solver label -> trace node ids (solver_groups)
     inflated: set[int] = field(default_factory=set)  # nodes counting their secondary outputs (solver_graph)
     loss_bytes: int = 0  # the loss function's temporaries (solver_graph)
+    exact_peak_bytes: int | None = None  # the executor's peak (solver_graph.exact_peak_bytes); None: the result's
 
     # ---- figures ------------------------------------------------------------------------------
     @property
@@ -147,7 +148,9 @@ class Plan:
 
     @property
     def predicted_peak_bytes(self) -> int:
-        return self.result.peak_bytes
+        """The peak the executor reaches: the schedule replayed with multi-output ops counted exactly (at most the
+        solver's own figure, `result.peak_bytes`, which counts a recomputed op's other outputs as long as it lives)."""
+        return self.result.peak_bytes if self.exact_peak_bytes is None else self.exact_peak_bytes
 
     @property
     def overhead(self) -> float:
@@ -214,6 +217,7 @@ class Plan:
             "groups": {str(k): v for k, v in self.groups.items()},
             "inflated": sorted(self.inflated),
             "loss_bytes": int(self.loss_bytes),
+            "exact_peak_bytes": None if self.exact_peak_bytes is None else int(self.exact_peak_bytes),
         }}
         return result_to_dict(self.graph, self.result, extra)
 
@@ -244,7 +248,8 @@ class Plan:
                    reference_peak_bytes=int(meta.get("reference_peak_bytes", 0)),
                    groups={int(k): [int(i) for i in v] for k, v in meta["groups"].items()},
                    inflated={int(i) for i in meta.get("inflated", [])},
-                   loss_bytes=int(meta.get("loss_bytes", 0)))
+                   loss_bytes=int(meta.get("loss_bytes", 0)),
+                   exact_peak_bytes=None if meta.get("exact_peak_bytes") is None else int(meta["exact_peak_bytes"]))
 
     # ---- applying -------------------------------------------------------------------------------
     def check_model(self, model: torch.nn.Module) -> None:
@@ -377,10 +382,12 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
-        smallest, how, _ = _smallest_budget(graph, left)
+        smallest, how, by = _smallest_budget(graph, left)
         if smallest is None and e.min_budget_bytes is not None:
-            smallest, how = e.min_budget_bytes, e.reason
+            smallest, how, by = e.min_budget_bytes, e.reason, solver
         gb = "unknown" if smallest is None else f"{smallest / GB:.9f} GB ({smallest} bytes)"
+        if smallest is not None and by not in (None, solver):
+            gb += f", met by solver '{by}'"
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,
             f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
@@ -393,7 +400,8 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     compile_schedule(traced, traced_sequence(graph, result.schedule.computes, groups),
                      split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
-                loss_bytes=loss_bytes,
+                loss_bytes=loss_bytes, exact_peak_bytes=exact_peak_bytes(
+                    traced, loss_bytes, [graph.labels[v] for v in result.schedule.computes]),
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
 

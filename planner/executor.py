@@ -379,6 +379,9 @@ class _PlannedStep(torch.autograd.Function):
                    and not o.is_complex()]
         if nondiff:
             ctx.mark_non_differentiable(*nondiff)
+        # an output the loss does not reach gets None, not a zero tensor (the executor makes the zero
+        # tangents the traced graph needs itself, and refuses a gradient the trace did not plan for)
+        ctx.set_materialize_grads(False)
         return tuple(outputs)
 
     @staticmethod
@@ -388,6 +391,13 @@ class _PlannedStep(torch.autograd.Function):
         if ctx.stash is None:
             raise RuntimeError("the planned step's backward ran twice: its saved values are gone "
                                "(backward through a planned step once per forward)")
+        traced_for = set(step.tangent_outputs)
+        for k, g in enumerate(grad_outputs):
+            if g is not None and k not in traced_for:
+                raise PlanMismatchError(
+                    f"a gradient reached output leaf {k}, which the plan does not differentiate: the model "
+                    "computed its own loss, so the plan differentiates that loss alone; to backpropagate through "
+                    "the other outputs too, plan without labels and pass loss_fn=")
         args = ctx.stash
         ctx.stash = None
         # Autograd holds the incoming gradients until this function returns; a gradient made here to

@@ -1,6 +1,7 @@
 """Peak memory and step time of one training step, for the demo, the benchmarks and the tests.
 
-A step is `out = module(*inputs); loss = loss_fn(out); loss.backward()`, starting with no gradients.
+A step is `out = module(*inputs); loss = loss_fn(out); loss.backward()`, starting with no gradients. `inputs` is a
+sample input in any form `plan()` takes (a tensor, a tuple, a dict of keyword arguments, or (args, kwargs)).
 
 Peak memory (bytes) counts what the step holds at once: parameters, buffers, inputs, activations,
 gradients. On CPU it comes from a storage-tracking dispatch mode (`capture.measure_memory`): the bytes
@@ -19,11 +20,18 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_leaves
 
+from capture.call import CallSpec
 from capture.measure_memory import StorageTracker, storage_bytes
 
 
 def default_loss(out) -> torch.Tensor:
-    """The sum of every floating-point tensor in the output (any nesting of tuples, lists, dicts)."""
+    """The model's own loss where it computed one (a scalar output, or an output with a `loss`, as transformers
+    models given labels return); else the sum of every floating-point tensor in the output (any nesting)."""
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return out
+    own = getattr(out, "loss", None)
+    if isinstance(own, torch.Tensor) and own.numel() == 1:
+        return own
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if hasattr(out, "values") and not leaves:  # dict-like objects pytree does not know
         leaves = [t for t in out.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -35,8 +43,18 @@ def default_loss(out) -> torch.Tensor:
     return total
 
 
-def _inputs(inputs) -> tuple:
-    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+def _call(module: torch.nn.Module, inputs):
+    args, kwargs = _split(inputs)
+    return module(*args, **kwargs)
+
+
+def _split(inputs) -> tuple[tuple, dict]:
+    spec, tensors = CallSpec.of(inputs)
+    return spec.split(tensors)
+
+
+def _tensors(inputs) -> tuple:
+    return CallSpec.of(inputs)[1]
 
 
 def _zero_grad(module: torch.nn.Module) -> None:
@@ -50,7 +68,7 @@ def run_step(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -
     The output stays referenced until the backward is done, as in a usual training loop
     (`out = model(x); loss = crit(out, y); loss.backward()`).
     """
-    out = module(*_inputs(inputs))
+    out = _call(module, inputs)
     loss = (loss_fn or default_loss)(out)
     loss.backward()
     del out
@@ -59,15 +77,14 @@ def run_step(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -
 
 def resident_bytes(module: torch.nn.Module, inputs) -> int:
     """Distinct storage bytes of the module's parameters and buffers and of the inputs."""
-    return storage_bytes([*module.parameters(), *module.buffers(), *_inputs(inputs)])
+    return storage_bytes([*module.parameters(), *module.buffers(), *_tensors(inputs)])
 
 
 def measure_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> int:
     """Peak bytes held during one step (see the module docstring). Gradients are reset to None first."""
-    inputs = _inputs(inputs)
     _zero_grad(module)
     base = resident_bytes(module, inputs)
-    device = next((t.device for t in (*module.parameters(), *inputs) if isinstance(t, torch.Tensor)), None)
+    device = next((t.device for t in (*module.parameters(), *_tensors(inputs)) if isinstance(t, torch.Tensor)), None)
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
@@ -100,9 +117,8 @@ def interleaved_step_seconds(modules: dict, inputs, loss_fn: Callable | None = N
                              warmup: int = 2) -> dict[str, StepTime]:
     """Median step time of several modules measured in turns (round robin), so that machine noise
     affects them alike. `modules` maps a label to a module."""
-    inputs = _inputs(inputs)
     samples: dict[str, list[float]] = {k: [] for k in modules}
-    cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+    cuda = any(t.is_cuda for t in _tensors(inputs))
     for k in range(warmup + repeats):
         for label, m in modules.items():
             _zero_grad(m)

@@ -91,18 +91,23 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
       recomputed mask is bitwise the first one (tests/planner check gradients against eager).
     - Retained (resident to the end) only the model's outputs and the gradients; new buffer values
       are copied into the buffers during the forward and are not held.
-    - Each tangent (incoming gradient of an output) is a node of its own instead of fixed memory: it
-      exists from the start of the backward, which is when autograd hands it over, to the end. It has
-      no inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n + j`.
+    - The tangents (incoming gradients of the outputs) are one node `tangents` instead of fixed memory:
+      autograd hands them over together at the start of the backward (the executor makes a zero one for an
+      output the loss does not reach, and one of the traced strides for another), and they live to its end.
+      Every op that reads a tangent reads this node, so none can start before all of them exist. It has no
+      inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n`.
     - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
       keep theirs): each computation allocates them all, and this keeps every recomputation within the
       peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
       the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
-      op is not recomputable.
+      op is not recomputable, nor is a secondary output's own node: the executor would index it out of the
+      op's stashed result, which keeps every output of the op alive (a pooling's values with its indices), so
+      freeing and "recomputing" it would save nothing the schedule counts.
     - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
       and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
-      outside the model during the step.
+      outside the model during the step, unless the model computes its loss itself (every tangent is a
+      scalar: the loss is then an output node and its seed the tangent).
     Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
     """
     from torch.utils._pytree import tree_leaves
@@ -128,10 +133,13 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
                 readers[j].append(gid)
     groups = solver_groups(traced)
     secondary = secondary_outputs(traced)
+    secondary_ids = {i for ids in secondary.values() for i in ids}
     recs = []
+    read_tangents = [j for j, rs in readers.items() if rs]
+    tangent_label = g.n  # all tangents as one node: autograd hands them over together
     for nd in g.nodes:
         names = traced.node_map[nd.id]
-        extra_inputs = [g.n + j for j, rs in readers.items() if nd.id in rs]
+        extra_inputs = [tangent_label] if any(nd.id in readers[j] for j in read_tangents) else []
         # A recomputation of a multi-output op allocates its secondary outputs again: a forward op's node
         # counts them; a backward one (whose secondary outputs are weight gradients) is not recomputed.
         multi = nd.id in secondary
@@ -141,22 +149,19 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
             "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes) + extra_bytes,
             "inputs": list(nd.inputs) + extra_inputs, "backward": nd.backward,
             "retain": any(nm in keep_names for nm in names),
-            "recomputable": not any(nm in user_out_names for nm in names) and not (multi and nd.backward),
+            "recomputable": (not any(nm in user_out_names for nm in names) and not (multi and nd.backward)
+                             and nd.id not in secondary_ids),
         })
     order = list(groups)
-    tangent_bytes = 0
     loss_label = g.n + len(tangents)
     out_groups = sorted({gid for gid, names in traced.node_map.items() if any(nm in user_out_names for nm in names)})
-    for j, t in enumerate(tangents):
-        if not readers[j]:
-            continue
-        nbytes = strided_bytes(t.meta["val"])
-        tangent_bytes += nbytes
-        recs.append({"id": g.n + j, "name": f"tangent_{j}", "cost": 0.0, "bytes": nbytes,
+    tangent_bytes = sum(strided_bytes(tangents[j].meta["val"]) for j in read_tangents)
+    if read_tangents:
+        recs.append({"id": tangent_label, "name": "tangents", "cost": 0.0, "bytes": tangent_bytes,
                      "inputs": [loss_label] if loss_bytes else [],
                      "backward": True, "retain": True, "recomputable": False})
-        first = min(readers[j])
-        order.insert(order.index(first), g.n + j)
+        first = min(r for j in read_tangents for r in readers[j])
+        order.insert(order.index(first), tangent_label)
     if loss_bytes:
         # the loss's own temporaries (e.g. cross-entropy's log-softmax) live from the end of the forward
         # until autograd hands the gradients over
@@ -164,7 +169,10 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
                      "backward": False, "retain": False, "recomputable": False})
         first_tangent = next(k for k, lab in enumerate(order) if lab >= g.n)
         order.insert(first_tangent, loss_label)
-    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + LOSS_RESERVE_BYTES,
+    # the model's own loss is an output node and its seed gradient the tangent: nothing lives outside the graph
+    own_loss = bool(read_tangents) and all(tangents[j].meta["val"].numel() == 1 for j in read_tangents)
+    reserve = 0 if own_loss and not loss_bytes else LOSS_RESERVE_BYTES
+    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + reserve,
                                 name=g.name, order=order)
 
 
@@ -185,6 +193,21 @@ def secondary_outputs(traced) -> dict[int, list[int]]:
             if len(sources) == 1 and None not in sources and gid not in sources:
                 out.setdefault(sources.pop(), []).append(gid)
     return out
+
+
+def exact_peak_bytes(traced, loss_bytes: int, computes_labels) -> int:
+    """The peak the executor reaches running these computations (solver labels, in order): the schedule replayed
+    on the graph without inflated sizes, each multi-output op holding all its outputs for the length of the op
+    (graphs.simulate's co_outputs). At most the solver graph's peak, which counts secondary outputs in the
+    source's size for as long as it is resident."""
+    from graphs.schedule import Schedule
+    from graphs.simulate import simulate
+
+    g0 = solver_graph(traced, set(), loss_bytes)
+    index = {lab: i for i, lab in enumerate(g0.labels)}
+    co = {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
+    sched = Schedule.from_sequence(g0, [index[lab] for lab in computes_labels])
+    return simulate(g0, sched, co).peak_bytes
 
 
 def solver_groups(traced) -> dict[int, list[int]]:

@@ -140,7 +140,9 @@ def test_dict_like_output():
     torch.manual_seed(0)
     model = DictModel()
     x = torch.randn(4, 8)
-    tr = _check_grads_and_peak(model, (x,), _sum_all)
+    # an output with its own scalar `loss` is differentiated for that loss alone (capture.trace.own_loss_leaf)
+    tr = _check_grads_and_peak(model, (x,), lambda out: out["loss"])
+    assert [j for j in tr.tangent_outputs] == [1]  # one tangent: the loss's (leaf 1), none for the logits
     assert tr.output_spec.kind == "mapping" and tr.output_spec.keys == ("logits", "loss", "extra")
     primals = [p.detach() for p in tr.primals(x)]
     outs = tr.run_joint(primals, tr.tangents_like())

@@ -76,3 +76,20 @@ def test_linear_graph_reference_peak_and_budget_rounding():
     assert g.n == 17
     assert reference_peak_bytes(g) == 10  # 8 forward values + loss... peak while the first backward runs
     assert budget_from_multiplier(g, 0.85) == 9  # ceil(8.5)
+
+
+def test_co_outputs_are_held_for_the_length_of_their_op():
+    # node 1 is a two-output op (its other output is node 2, 6 bytes, read by node 3). Computing 1 allocates both:
+    # at that op the peak covers node 2 too, whether the schedule computes 2 next (the same storage: no more) or
+    # not (dropped at once)
+    g = Graph((Node(0, "x", 1.0, 4, ()), Node(1, "op", 1.0, 8, (0,)), Node(2, "op[1]", 0.0, 6, (1,)),
+               Node(3, "y", 1.0, 2, (0, 1, 2))), fixed_bytes=10)
+    s = Schedule.from_sequence(g, [0, 1, 2, 3])
+    assert simulate(g, s).peak_bytes == 10 + 4 + 8 + 6 + 2
+    assert simulate(g, s, {1: [2]}).peak_bytes == 10 + 4 + 8 + 6 + 2  # 2 computed next: no double count
+    s2 = Schedule.from_pairs([("compute", 0), ("compute", 1), ("compute", 2), ("free", 1), ("compute", 1),
+                              ("compute", 3)])
+    # the recomputation of 1 allocates its other output again, beside the resident node 2
+    assert simulate(g, s2).peak_bytes == 10 + 4 + 8 + 6 + 2
+    assert simulate(g, s2, {1: [2]}).peak_bytes == 10 + 4 + 8 + 6 + 6
+    assert simulate(g, s2, {1: [2]}).timeline_bytes[4] == 10 + 4 + 6 + 8  # resident after the op: unchanged

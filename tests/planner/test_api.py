@@ -141,8 +141,8 @@ def test_solver_graph_adjustments(gpt):
     _, _, first, _, _ = gpt
     traced = first.traced
     g = solver_graph(traced)
-    tangents = [nd for nd in g.nodes if nd.name.startswith("tangent_")]
-    assert len(tangents) == 1 and tangents[0].retain and not tangents[0].recomputable
+    tangents = [nd for nd in g.nodes if nd.name == "tangents"]  # all incoming gradients: one node
+    assert len(tangents) == 1 and tangents[0].retain and not tangents[0].recomputable and not tangents[0].inputs
     # dropout is recomputable (its RNG state is replayed); the model's output is not
     names = {nd.name: nd for nd in g.nodes}
     assert any(n.startswith("native_dropout") and nd.recomputable for n, nd in names.items())
