@@ -27,7 +27,7 @@ from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
 from capture.call import CallSpec
 from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
-from planner.solver_graph import (exact_peak_bytes, loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
+from planner.solver_graph import (exact_peak_bytes, executor_sequence, loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
                                   solver_groups, split_position, trace_model, traced_sequence)
 from solvers.base import solve
 
@@ -125,6 +125,7 @@ class Plan:
     inflated: set[int] = field(default_factory=set)  # nodes counting their secondary outputs (solver_graph)
     loss_bytes: int = 0  # the loss function's temporaries (solver_graph)
     exact_peak_bytes: int | None = None  # the executor's peak (solver_graph.exact_peak_bytes); None: the result's
+    pinned_secondaries: bool = False  # secondary outputs not recomputable (solver_graph's pin_secondaries)
 
     # ---- figures ------------------------------------------------------------------------------
     @property
@@ -218,6 +219,7 @@ class Plan:
             "inflated": sorted(self.inflated),
             "loss_bytes": int(self.loss_bytes),
             "exact_peak_bytes": None if self.exact_peak_bytes is None else int(self.exact_peak_bytes),
+            "pinned_secondaries": bool(self.pinned_secondaries),
         }}
         return result_to_dict(self.graph, self.result, extra)
 
@@ -249,7 +251,8 @@ class Plan:
                    groups={int(k): [int(i) for i in v] for k, v in meta["groups"].items()},
                    inflated={int(i) for i in meta.get("inflated", [])},
                    loss_bytes=int(meta.get("loss_bytes", 0)),
-                   exact_peak_bytes=None if meta.get("exact_peak_bytes") is None else int(meta["exact_peak_bytes"]))
+                   exact_peak_bytes=None if meta.get("exact_peak_bytes") is None else int(meta["exact_peak_bytes"]),
+                   pinned_secondaries=bool(meta.get("pinned_secondaries", False)))
 
     # ---- applying -------------------------------------------------------------------------------
     def check_model(self, model: torch.nn.Module) -> None:
@@ -275,7 +278,7 @@ class Plan:
         # the plan's own cost model: the contraction folds free views only where they cost nothing, so a graph
         # traced with measured times has more nodes than one traced with FLOPs (costs themselves are not compared)
         traced = trace_model(model, sample_input, self.cost_model)
-        got = solver_graph(traced, self.inflated, self.loss_bytes)
+        got = solver_graph(traced, self.inflated, self.loss_bytes, self.pinned_secondaries)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
             raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
@@ -331,7 +334,9 @@ def smallest_budget(plan_or_traced, time_limit_s: float = 30.0) -> tuple[int | N
     traced = plan_or_traced.traced if isinstance(plan_or_traced, Plan) else plan_or_traced
     if traced is None:
         raise ValueError("a plan loaded from JSON holds no trace: pass the TraceResult of the model")
-    found, _, solver = _smallest_budget(solver_graph(traced), time_limit_s)  # the graph plan() solves
+    # on the graph plan() falls back to, whose schedules the executor holds as simulated
+    loss_bytes = plan_or_traced.loss_bytes if isinstance(plan_or_traced, Plan) else 0
+    found, _, solver = _smallest_budget(solver_graph(traced, None, loss_bytes, pin_secondaries=True), time_limit_s)
     return found, solver
 
 
@@ -382,7 +387,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
-        smallest, how, by = _smallest_budget(graph, left)
+        smallest, how, by = _smallest_budget(solver_graph(traced, None, loss_bytes, pin_secondaries=True), left)
         if smallest is None and e.min_budget_bytes is not None:
             smallest, how, by = e.min_budget_bytes, e.reason, solver
         gb = "unknown" if smallest is None else f"{smallest / GB:.9f} GB ({smallest} bytes)"
@@ -391,15 +396,35 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,
             f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
+    # A recomputed secondary output is indexed out of its op's newest result, which holds it from there on: replay
+    # what the executor holds, and where that does not fit, solve again with such outputs not recomputable.
+    pinned = False
+    seq = executor_sequence(graph, result.schedule.computes, _co_outputs(graph, traced))
+    if seq != list(result.schedule.computes):
+        sched = Schedule.from_sequence(graph, seq)
+        sim = simulate(graph, sched)
+        if sim.peak_bytes <= budget_bytes:
+            result = dataclasses.replace(result, schedule=sched, sim=sim)
+        else:
+            pinned = True
+            graph = solver_graph(traced, None, loss_bytes, pin_secondaries=True)
+            left = time_limit_s - (time.perf_counter() - t0)
+            if left <= 0:
+                raise NoSolutionInTimeError(
+                    f"{solver}: the schedule found recomputes a secondary output whose op's result the executor would "
+                    "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
+                    seconds=time.perf_counter() - t0)
+            result = solve(graph, budget_bytes, solver, time_limit_s=left)
     # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
     # the same computations on that graph (bytes only shrink, so it stays within the budget).
     inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in secondary_outputs(traced)}
-    graph = solver_graph(traced, inflated, loss_bytes)
+    graph = solver_graph(traced, inflated, loss_bytes, pinned)
     result = _free_at_last_use(graph, result)
     groups = solver_groups(traced)
     compile_schedule(traced, traced_sequence(graph, result.schedule.computes, groups),
                      split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
+                pinned_secondaries=pinned,
                 loss_bytes=loss_bytes, exact_peak_bytes=exact_peak_bytes(
                     traced, loss_bytes, [graph.labels[v] for v in result.schedule.computes]),
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
@@ -422,6 +447,12 @@ def _warn_if_no_loss(traced) -> None:
         f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: the memory the "
         f"loss holds beyond a scalar (for a cross-entropy about {out_bytes} bytes more) is not planned for; pass "
         "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=3)
+
+
+def _co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
+    """secondary_outputs(traced) in the graph's node indices."""
+    index = {lab: i for i, lab in enumerate(graph.labels)}
+    return {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
 
 
 def _free_at_last_use(graph: Graph, result: SolveResult) -> SolveResult:

@@ -81,7 +81,7 @@ def node_modules(traced) -> dict[int, str]:
     return out
 
 
-def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -> Graph:
+def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, pin_secondaries: bool = False) -> Graph:
     """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
 
     - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
@@ -100,9 +100,10 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
       keep theirs): each computation allocates them all, and this keeps every recomputation within the
       peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
       the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
-      op is not recomputable, nor is a secondary output's own node: the executor would index it out of the
-      op's stashed result, which keeps every output of the op alive (a pooling's values with its indices), so
-      freeing and "recomputing" it would save nothing the schedule counts.
+      op is not recomputable. A secondary output's own node is, but the executor recomputes it by indexing the
+      newest result of its op, which keeps all that op's outputs alive from that computation on:
+      `executor_sequence` turns a schedule into what the executor really holds, and with `pin_secondaries`
+      such nodes are not recomputable at all (plan() falls back to that graph when the first does not fit).
     - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
       and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
@@ -150,7 +151,7 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0) -
             "inputs": list(nd.inputs) + extra_inputs, "backward": nd.backward,
             "retain": any(nm in keep_names for nm in names),
             "recomputable": (not any(nm in user_out_names for nm in names) and not (multi and nd.backward)
-                             and nd.id not in secondary_ids),
+                             and not (pin_secondaries and nd.id in secondary_ids)),
         })
     order = list(groups)
     loss_label = g.n + len(tangents)
@@ -192,6 +193,34 @@ def secondary_outputs(traced) -> dict[int, list[int]]:
             sources = {group_of.get(n.args[0].name) for n in nodes}
             if len(sources) == 1 and None not in sources and gid not in sources:
                 out.setdefault(sources.pop(), []).append(gid)
+    return out
+
+
+def executor_sequence(graph: Graph, computes, co_outputs: dict[int, list[int]]) -> list[int]:
+    """The computations (solver indices) as the executor holds them. A recomputed secondary output s of a multi-output
+    op is indexed out of the op's newest result, which holds s's storage from that computation of the op on; so s
+    is computed right after that computation of the op, or, where its earlier copy is still in use then, that copy
+    is kept (its recomputation dropped). Every other computation is unchanged."""
+    source_of = {s: v for v, ss in co_outputs.items() for s in ss}
+    seq = list(computes)
+    out: list[int] = []
+    last_of: dict[int, int] = {}  # node -> position in `out` of its latest computation
+    last_read: dict[int, int] = {}  # node -> position in `out` of its latest reader
+    for v in seq:
+        src = source_of.get(v)
+        if src is not None and v in last_of and src in last_of:
+            i = last_of[src]
+            if last_read.get(v, last_of[v]) > i or last_of[v] > i:
+                continue  # its earlier copy is alive when the op last ran: the executor keeps that one
+            out.insert(i + 1, v)  # indexed out of that result: alive from there
+            last_of = {u: (k + 1 if k > i else k) for u, k in last_of.items()}
+            last_read = {u: (k + 1 if k > i else k) for u, k in last_read.items()}
+            last_of[v] = i + 1
+            continue
+        out.append(v)
+        last_of[v] = len(out) - 1
+        for u in graph.inputs[v]:
+            last_read[u] = len(out) - 1
     return out
 
 
