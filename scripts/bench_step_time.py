@@ -1,9 +1,10 @@
 """Step time of the planned module at a budget that needs no recomputation (100 %), against eager.
 
-    .venv/bin/python scripts/bench_step_time.py [--repeats 15]
+    .venv/bin/python scripts/bench_step_time.py [--repeats 15] [--real]
 
-For the demo GPT (examples/gpt.py) and the test models at the sizes of scripts/bench_pytorch.py: the median of
-interleaved repeats of forward + loss + backward, eager and planned, and their ratio.
+For the demo GPT (examples/gpt.py) and the test models at the sizes of scripts/bench_pytorch.py, or with --real the
+transformers models of examples/hf_zoo.py at their "bench" size, called with labels: the median of interleaved
+repeats of forward + loss + backward, eager and planned, and their ratio.
 """
 from __future__ import annotations
 
@@ -25,10 +26,19 @@ from scripts.bench_pytorch import BENCH_MAKERS, CONFIGS  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--real", action="store_true", help="the transformers models (examples/hf_zoo.py)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (2 threads on 2 shared cores thrash)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: BENCH_MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}
+    if args.real:
+        import warnings
+
+        from examples.hf_zoo import NAMES, build
+
+        warnings.filterwarnings("ignore")
+        cases = {k: (lambda k=k: build(k, "bench", labels=True)) for k in NAMES}
+    else:
+        cases = {"demo gpt": make_gpt_demo, **{k: (lambda k=k: BENCH_MAKERS[k](**CONFIGS[k])) for k in CONFIGS}}
     print("| model | eager step (ms) | planned step, 100 % budget (ms) | planned / eager |")
     print("|---|---:|---:|---:|")
     for label, make in cases.items():
