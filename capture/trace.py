@@ -183,6 +183,8 @@ class TraceResult:
         their first name), then buffers, then `num_user_inputs` user input tensors.
     tangent_outputs: for each tangent placeholder, the index of the user output leaf it is the
         gradient of.
+    own_loss_leaf: the leaf of the loss the model computed itself (`own_loss_leaf`), the only one then
+        differentiated; None when the model returns no such loss.
     output_kinds: one entry per joint output: ("buffer_update", buffer name), ("output", leaf index),
         ("intermediate_base", None), ("grad", primal index) or ("none", primal index) for a primal
         without a gradient.
@@ -222,6 +224,7 @@ class TraceResult:
     model: torch.nn.Module | None = field(default=None, repr=False)
     guard: Guard | None = field(default=None, repr=False)
     call_spec: CallSpec | None = None  # how the model is called (None: positional inputs only)
+    own_loss_leaf: int | None = None
 
     @property
     def total_flops(self) -> int:
@@ -375,7 +378,7 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
         leaves, spec = flatten_output(out)
         holder["spec"] = spec
         loss_at = own_loss_leaf(out, leaves)
-        holder["loss_leaf"] = loss_at
+        holder["own_loss_leaf"] = loss_at
         if loss_at is not None:  # only the model's own loss is differentiated (see own_loss_leaf)
             leaves = [t if k == loss_at else t.detach() for k, t in enumerate(leaves)]
         return tuple(leaves)
@@ -410,7 +413,7 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
             "AOTAutograd produced no joint graph: no output of the model requires grad "
             "(are all parameters frozen, or is the model under torch.no_grad?)"
         )
-    return holder["gm"], holder["num_fwd_outputs"], holder["spec"]
+    return holder["gm"], holder["num_fwd_outputs"], holder["spec"], holder["own_loss_leaf"]
 
 
 def _describe_outputs(gm, n_params, n_buffers, buffer_names, num_leaves):
@@ -657,12 +660,12 @@ def trace(
     guard: Guard | None = None
     try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
         with torch.random.fork_rng(devices=devices):
-            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, call, False)
+            gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
     except _NeedsValues:
         scalar_reads, guard = record_reads_and_guard(model, inputs, call)
         phases["scalar_reads"] = time.perf_counter() - t0
         with torch.random.fork_rng(devices=devices):
-            gm, num_fwd_outputs, out_spec = _capture_joint(model, params, buffers, inputs, call, True)
+            gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
     phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
         input_shapes=tuple(tuple(t.shape) for t in inputs),
@@ -729,4 +732,5 @@ def trace(
         model=model,
         guard=guard,
         call_spec=call,
+        own_loss_leaf=loss_leaf,
     )

@@ -27,8 +27,9 @@ from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
 from capture.call import CallSpec
 from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
-from planner.solver_graph import (exact_peak_bytes, executor_sequence, loss_workspace_bytes, node_modules, secondary_outputs, solver_graph,
-                                  solver_groups, split_position, trace_model, traced_sequence)
+from planner.solver_graph import (co_outputs, exact_peak_bytes, executor_sequence, loss_workspace_bytes,
+                                  node_modules, secondary_outputs, solver_graph, solver_groups, split_position,
+                                  trace_model, traced_sequence)
 from solvers.base import solve
 
 GB = 10**9
@@ -399,7 +400,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     # A recomputed secondary output is indexed out of its op's newest result, which holds it from there on: replay
     # what the executor holds, and where that does not fit, solve again with such outputs not recomputable.
     pinned = False
-    seq = executor_sequence(graph, result.schedule.computes, _co_outputs(graph, traced))
+    seq = executor_sequence(graph, result.schedule.computes, co_outputs(graph, traced))
     if seq != list(result.schedule.computes):
         sched = Schedule.from_sequence(graph, seq)
         sim = simulate(graph, sched)
@@ -417,7 +418,8 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
             result = solve(graph, budget_bytes, solver, time_limit_s=left)
     # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
     # the same computations on that graph (bytes only shrink, so it stays within the budget).
-    inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in secondary_outputs(traced)}
+    sources = secondary_outputs(traced)
+    inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in sources}
     graph = solver_graph(traced, inflated, loss_bytes, pinned)
     result = _free_at_last_use(graph, result)
     groups = solver_groups(traced)
@@ -447,12 +449,6 @@ def _warn_if_no_loss(traced) -> None:
         f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: the memory the "
         f"loss holds beyond a scalar (for a cross-entropy about {out_bytes} bytes more) is not planned for; pass "
         "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=3)
-
-
-def _co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
-    """secondary_outputs(traced) in the graph's node indices."""
-    index = {lab: i for i, lab in enumerate(graph.labels)}
-    return {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
 
 
 def _free_at_last_use(graph: Graph, result: SolveResult) -> SolveResult:

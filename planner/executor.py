@@ -90,6 +90,7 @@ class CompiledStep:
     tangent_order: list[int]  # backward tangent inputs: the tangent placeholder index of each
     tangent_specs: list[tuple]  # (shape, stride, dtype) of every traced tangent
     tangent_outputs: list[int]  # output leaf index of every tangent
+    own_loss_leaf: int | None  # the model's own loss, the only output differentiated (TraceResult.own_loss_leaf)
     grad_of_primal: list[bool]  # per primal: the backward returns a gradient for it
     split_position: int  # index in the compute sequence where the backward begins
     num_primals: int
@@ -266,6 +267,7 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) 
         tangent_order=used_tangents,
         tangent_specs=specs,
         tangent_outputs=list(traced.tangent_outputs),
+        own_loss_leaf=traced.own_loss_leaf,
         grad_of_primal=[g is not None for g in grads],
         split_position=split,
         num_primals=n_primals,
@@ -408,9 +410,8 @@ class _PlannedStep(torch.autograd.Function):
         if ctx.stash is None:
             raise RuntimeError("the planned step's backward ran twice: its saved values are gone "
                                "(backward through a planned step once per forward)")
-        traced_for = set(step.tangent_outputs)
         for k, g in enumerate(grad_outputs):
-            if g is not None and k not in traced_for:
+            if g is not None and step.own_loss_leaf is not None and k != step.own_loss_leaf:
                 raise PlanMismatchError(
                     f"a gradient reached output leaf {k}, which the plan does not differentiate: the model "
                     "computed its own loss, so the plan differentiates that loss alone; to backpropagate through "

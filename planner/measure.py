@@ -44,13 +44,8 @@ def default_loss(out) -> torch.Tensor:
 
 
 def _call(module: torch.nn.Module, inputs):
-    args, kwargs = _split(inputs)
-    return module(*args, **kwargs)
-
-
-def _split(inputs) -> tuple[tuple, dict]:
     spec, tensors = CallSpec.of(inputs)
-    return spec.split(tensors)
+    return spec.call(module, tensors)
 
 
 def _tensors(inputs) -> tuple:

@@ -234,9 +234,15 @@ def exact_peak_bytes(traced, loss_bytes: int, computes_labels) -> int:
 
     g0 = solver_graph(traced, set(), loss_bytes)
     index = {lab: i for i, lab in enumerate(g0.labels)}
-    co = {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
     sched = Schedule.from_sequence(g0, [index[lab] for lab in computes_labels])
-    return simulate(g0, sched, co).peak_bytes
+    return simulate(g0, sched, co_outputs(g0, traced)).peak_bytes
+
+
+def co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
+    """secondary_outputs(traced) in the node indices of `graph` (a solver graph of `traced`), as
+    graphs.simulate's co_outputs and executor_sequence take them."""
+    index = {lab: i for i, lab in enumerate(graph.labels)}
+    return {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
 
 
 def solver_groups(traced) -> dict[int, list[int]]:

@@ -172,3 +172,22 @@ def test_a_plan_with_the_default_cost_model_reloads(tmp_path):
     p.to_json(tmp_path / "plan.json")
     loaded = Plan.load(tmp_path / "plan.json")
     assert_same_state(step_state(loaded.apply(copy.deepcopy(model), x), x, seed=7), eager)
+
+
+def test_a_gradient_reaching_an_output_that_needs_none_is_ignored_as_in_eager():
+    # only a model's own loss makes the backward refuse gradients of other outputs; an output that depends on
+    # nothing differentiable (here a function of the input alone) takes a gradient and passes nothing on
+    class TwoOutputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x), x * 2
+
+    torch.manual_seed(0)
+    model, x = TwoOutputs(), torch.randn(3, 4)
+    eager = copy.deepcopy(model)
+    loss_fn = lambda out: out[0].sum() + out[1].sum()  # noqa: E731
+    p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=5, loss_fn=loss_fn)
+    assert_same_state(step_state(p.apply(model), x, loss_fn, seed=1), step_state(eager, x, loss_fn, seed=1))

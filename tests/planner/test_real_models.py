@@ -19,6 +19,7 @@ from planner import GB, PlanMismatchError, plan
 from planner.measure import measure_peak_bytes, step_state
 from planner.solver_graph import solver_graph
 from solvers.base import solve
+from tests.planner.helpers import assert_same_state
 
 pytest.importorskip("transformers", reason="transformers is a test extra (pip install -e .[test])")
 from examples.hf_zoo import build, logits_loss  # noqa: E402
@@ -54,13 +55,6 @@ def _plan_at_or_above(c, budget: int):
     return p, budget
 
 
-def _same(want, got) -> bool:
-    (g0, b0, l0), (g1, b1, l1) = want, got
-    return (torch.equal(l0, l1) and g0.keys() == g1.keys() and b0.keys() == b1.keys()
-            and all((g0[k] is None) == (g1[k] is None) and (g0[k] is None or torch.equal(g0[k], g1[k])) for k in g0)
-            and all(torch.equal(b0[k], b1[k]) for k in b0))
-
-
 @pytest.mark.parametrize("fraction", FRACTIONS)
 def test_planned_step_equals_eager_within_budget_and_prediction(case, fraction):
     c = case
@@ -69,8 +63,7 @@ def test_planned_step_equals_eager_within_budget_and_prediction(case, fraction):
     measured = measure_peak_bytes(p.apply(copy.deepcopy(c["ref"])), c["batch"], c["loss_fn"])
     assert measured <= budget
     assert abs(measured / p.predicted_peak_bytes - 1) <= 0.03, (measured, p.predicted_peak_bytes)
-    got = step_state(p.apply(copy.deepcopy(c["ref"])), c["batch"], c["loss_fn"], seed=3)
-    assert _same(c["want"], got)
+    assert_same_state(step_state(p.apply(copy.deepcopy(c["ref"])), c["batch"], c["loss_fn"], seed=3), c["want"])
 
 
 def test_no_recomputation_is_planned_at_eagers_peak(case):
