@@ -51,6 +51,10 @@ SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet
 # Each fast heuristic gets at most this share of the time: they run in milliseconds to a second where they fit, but
 # where they do not, naming the smallest budget they meet is a bisection of rollouts (dtr on rl1000 at 0.8: 70 s).
 FAST_SHARE = 0.06
+BLOCK_DP_SHARE = 0.3  # the block-chain program: under a second on 1000-2000-node traced transformers
+# Where no whole-graph exact solver runs (more than CPSAT_MAX_NODES nodes), auto stops once its best schedule is
+# within this share of a bound that covers it (the block program's, for its family).
+DEFAULT_MIP_GAP = 0.01
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -61,7 +65,16 @@ def _is_chain(graph: Graph) -> bool:
     return is_training_chain(graph)
 
 
-def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) -> Proposal:
+def _has_blocks(graph: Graph) -> bool:
+    if "block_dp" not in solver_names():
+        return False
+    from solvers.exact.blocks import split_blocks
+
+    return split_blocks(graph) is not None
+
+
+def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
+         mip_gap: float = DEFAULT_MIP_GAP) -> Proposal:
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
     limit -= min(SAFETY_S, SAFETY_SHARE * limit)
@@ -109,8 +122,20 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
         return forced is not None and bool(results) and \
             min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
 
+    blocks = None
+    if _has_blocks(graph):
+        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
+    big = graph.n > CPSAT_MAX_NODES
     for name in FAST_HEURISTICS:
+        if name == "lowest_memory" and big and results:
+            continue  # a fallback for budgets nothing else meets; on large graphs it costs its whole share
+        if name.startswith("chen") and big and blocks is not None:
+            continue  # Chen's segments are a coarser family than the block program's (and cost seconds here)
         attempt(name, min(remaining(), FAST_SHARE * limit))
+    if blocks is not None and big and not proven() and _within_gap(blocks, results, mip_gap):
+        # no whole-graph exact solver runs at this size: the block program's schedule is within the gap of the
+        # best schedule of its family, and no heuristic beat it
+        return _pick(graph, results, tried, exact=blocks, forced=forced)
     if not results:
         _raise_if_no_schedule_fits(graph, budget_bytes, infeasible, min(SUBGRAPH_S, 0.2 * remaining()))
     if results and all(r.solver == "lowest_memory" for r in results):
@@ -155,6 +180,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
             else:
                 options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         exact = attempt(exact_name, remaining(), **options)
+    exact = _better_bound(exact, blocks, results)
     if not results:
         floor = graph.single_op_bound_bytes()
         least = _least_named(infeasible, timed_out)
@@ -173,6 +199,29 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None) 
 
 
 EXACT_SOLVERS = ("milp", "milp_cbc", "cpsat", "chain_dp")
+
+
+def _better_bound(a: SolveResult | None, b: SolveResult | None, results: list[SolveResult]) -> SolveResult | None:
+    """Of two exact solvers' results, the one whose family bound still holds for the cheapest schedule and is the
+    larger (a bound that a cheaper schedule outside its family beat says nothing)."""
+    best = min((r.total_cost for r in results), default=None)
+
+    def valid(r):
+        return r is not None and r.lower_bound_cost is not None and best is not None and \
+            best >= r.lower_bound_cost * (1 - 1e-9) - 1e-9
+
+    if valid(a) and valid(b):
+        return a if a.lower_bound_cost >= b.lower_bound_cost else b
+    if valid(b) and not valid(a):
+        return b
+    return a
+
+
+def _within_gap(r: SolveResult, results: list[SolveResult], mip_gap: float) -> bool:
+    """`r` is the cheapest result and costs at most (1 + mip_gap) x its own lower bound."""
+    best = min(x.total_cost for x in results)
+    return (r.lower_bound_cost is not None and r.total_cost <= best * (1 + 1e-12) + 1e-12
+            and r.total_cost <= r.lower_bound_cost * (1 + mip_gap) + 1e-12)
 
 
 def _least_named(infeasible: list[InfeasibleBudgetError], timed_out: list[NoSolutionInTimeError] = ()) -> int | None:

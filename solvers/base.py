@@ -49,6 +49,7 @@ _REGISTRY: dict[str, str] = {
     "evict": "solvers.heuristics.evict:evict",
     "rollout_search": "solvers.heuristics.rollout_search:rollout_search",
     "lowest_memory": "solvers.heuristics.lowest_memory:lowest_memory",
+    "block_dp": "solvers.exact.block_dp:block_dp",
     "auto": "solvers.auto:auto",
 }
 
