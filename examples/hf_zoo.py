@@ -5,7 +5,8 @@
 model computes its own loss (`out.loss`); with `labels=False` the step's loss is `logits_loss(out)`, the mean square
 of the logits. Sizes: "test" (2 layers, width 32, batch 4, sequence 64: activations outweigh the weights, as in training at scale,
 and each model plans in seconds in the test suite) and
-"bench" (4 layers, width 128, batch 2, sequence 128: the real-models issue's measurements).
+"bench" (4 layers, width 128, batch 2, sequence 128: the real-models issue's measurements); "small" and "small24"
+(GPT-2-small's width and heads, 12 or 24 layers, batch 1, sequence 512: the scale benchmark).
 
 Kinds: a decoder LM with a causal and a padding mask (gpt2, llama), an encoder with a padding mask (bert), a vision
 transformer (vit), conv nets with BatchNorm (resnet) and LayerNorm (convnext), an encoder-decoder (t5).
@@ -18,7 +19,10 @@ NAMES = ("gpt2", "llama", "bert", "vit", "resnet", "convnext", "t5")
 KIND = {"gpt2": "decoder", "llama": "decoder", "bert": "encoder", "vit": "vision transformer", "resnet": "conv net",
         "convnext": "conv net", "t5": "encoder-decoder"}
 SIZES = {"test": dict(layers=2, width=32, seq=64, batch=4, vocab=128, image=64),
-         "bench": dict(layers=4, width=128, seq=128, batch=2, vocab=1000, image=64)}
+         "bench": dict(layers=4, width=128, seq=128, batch=2, vocab=1000, image=64),
+         # GPT-2-small's shape (12 heads of 64, GPT-2's vocabulary), batch 1, sequence 512; and twice as deep
+         "small": dict(layers=12, width=768, heads=12, seq=512, batch=1, vocab=50257, image=224),
+         "small24": dict(layers=24, width=768, heads=12, seq=512, batch=1, vocab=50257, image=224)}
 
 
 def logits_loss(out) -> torch.Tensor:
@@ -29,7 +33,8 @@ def logits_loss(out) -> torch.Tensor:
 def _config(name: str, s: dict):
     import transformers as T
 
-    L, d, heads = s["layers"], s["width"], 2 if s["width"] <= 64 else 4
+    L, d = s["layers"], s["width"]
+    heads = s.get("heads", 2 if d <= 64 else 4)
     if name == "gpt2":
         return T.GPT2LMHeadModel, T.GPT2Config(n_layer=L, n_embd=d, n_head=heads, n_positions=s["seq"],
                                                 vocab_size=s["vocab"], bos_token_id=0, eos_token_id=0)
@@ -74,7 +79,8 @@ def build(name: str, size: str = "test", labels: bool = True, seed: int = 0):
         return model, batch
     ids = torch.randint(1, s["vocab"], (b, t), generator=gen)
     mask = torch.ones(b, t, dtype=torch.long)
-    mask[1, 3 * t // 4:] = 0  # a padded row: the models' mask code takes its data-dependent path
+    if b > 1:
+        mask[1, 3 * t // 4:] = 0  # a padded row: the models' mask code takes its data-dependent path
     batch = {"input_ids": ids, "attention_mask": mask}
     if name == "bert" and labels:
         batch["labels"] = torch.randint(0, 4, (b,), generator=gen)

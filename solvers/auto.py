@@ -7,6 +7,10 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    a few seconds of randomly perturbed eviction rollouts (`rollout_search`) improve it where DTR's rollout fits.
    When none of them fits, the subgraph relaxation (solvers.bounds.subgraph_bound) may prove that no schedule of any
    kind does: auto then raises at once (resnet50 at 0.1 x reference: 3 s instead of the whole limit).
+   The block-chain program (`block_dp`, solvers.exact.block_dp), where the graph splits into blocks: first on graphs
+   of more than CPSAT_MAX_NODES nodes (where it often is the answer: there auto stops once it is the cheapest schedule
+   and within `mip_gap` of its family's bound, and skips Chen's greedies and the lowest-memory fallback, which cost
+   seconds there and lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
 3. the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
 4. chain_dp, when the graph is a training chain.
@@ -123,9 +127,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
 
     blocks = None
-    if _has_blocks(graph):
-        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     big = graph.n > CPSAT_MAX_NODES
+    has_blocks = _has_blocks(graph)
+    if has_blocks and big:
+        # first: on large graphs it is the best start there is, and often the answer
+        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     for name in FAST_HEURISTICS:
         if name == "lowest_memory" and big and results:
             continue  # a fallback for budgets nothing else meets; on large graphs it costs its whole share
@@ -145,6 +151,9 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         # the rollouts fit this budget: perturbing their choices finds cheaper schedules (segnet at its smallest
         # budget: DTR's 47.97 % becomes ~46 % in a second), a better start for the exact solvers
         attempt("rollout_search", min(ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE * remaining()), stop_at_cost=forced)
+    if has_blocks and not big and not proven() and remaining() > 0:
+        # after the fast heuristics, which often meet the forced bound on small graphs at once
+        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     if proven():
         return _pick(graph, results, tried, exact=None, forced=forced)
     training = any(nd.backward for nd in graph.nodes)

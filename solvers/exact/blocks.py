@@ -2,7 +2,8 @@
 
 A *cut* is a forward node c such that no forward value computed up to c, other than c itself, is read by a
 forward node after c, except values that are never dropped anyway (sources without inputs, non-recomputable or
-retained values): a transformer's residual sums, a conv net's stage outputs. The forward nodes between two cuts
+retained values) and values small beside what they span (GLUE_RATIO): a transformer's residual sums, a conv net's
+stage outputs. The forward nodes between two cuts
 form a segment; consecutive segments are merged into blocks while a block has at most `max_choices` values to
 choose about, and while the blocks' backward windows (from the first backward read of a block's values to the
 last) stay disjoint and in reverse order, as the backward pass of a chain runs.
@@ -30,6 +31,7 @@ MAX_CHOICES = 14  # 2**14 kept sets per block shape, enumerated at once (numpy) 
 # A block's enumeration costs about 2**choices x local values x (forward span + backward window) steps: blocks with
 # many local values or long windows get fewer choices (the rest kept), so that one shape costs at most this many.
 ENUMERATION_STEPS = 60_000_000
+GLUE_RATIO = 64  # a value may cross cuts (kept) when the forward values it spans hold this many times its bytes
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,18 @@ def split_blocks(graph: Graph, max_choices: int = MAX_CHOICES) -> Blocks | None:
     busers = [[u for u in users[v] if nodes[u].backward] for v in range(n)]
     last_fwd_user = [max(fu) if fu else -1 for fu in fusers]
 
+    prefix = [0]
+    for v in range(n):
+        prefix.append(prefix[-1] + (0 if nodes[v].backward else int(nodes[v].bytes)))
+
     def pinned(v: int) -> bool:  # kept by every schedule of the family, whatever the block
         nd = nodes[v]
-        return nd.retain or not nd.recomputable or not nd.inputs or not users[v]
+        if nd.retain or not nd.recomputable or not nd.inputs or not users[v]:
+            return True
+        # a small value read far ahead (an attention mask every layer reads): keeping it costs little, and letting
+        # it cross cuts keeps the blocks small
+        lf = last_fwd_user[v]
+        return lf > v and GLUE_RATIO * int(nd.bytes) <= prefix[lf + 1] - prefix[v + 1]
 
     # cuts: sweep the forward order counting values open across each position that would have to cross it
     open_count = 0
