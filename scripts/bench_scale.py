@@ -84,11 +84,13 @@ def part_models(names: list[str], size: str, fracs: list[float], time_limit: flo
             try:
                 try:
                     p = plan(model, batch, budget / GB, traced=traced, time_limit_s=time_limit)
-                except InfeasibleBudgetError as e:
+                except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
                     if e.min_budget_bytes is None:
                         raise
-                    # below the smallest feasible budget (plan() names it): plan there, as the issue asks
-                    note = f"{frac:.0%} raised to the smallest feasible budget"
+                    # below the smallest feasible budget (plan() names it), or nothing found below the least budget
+                    # known to work: plan there
+                    note = (f"{frac:.0%} raised to the smallest feasible budget" if isinstance(e, InfeasibleBudgetError)
+                            else f"{frac:.0%}: nothing found in time; raised to the least budget known to work")
                     print(f"  {note}: {e.min_budget_bytes / ref:.4f} x peak ({time.perf_counter() - t1:.0f} s)",
                           flush=True)
                     budget = int(e.min_budget_bytes)
