@@ -36,7 +36,9 @@ def scope_of(info: dict) -> str:
     src = info.get("bound_from")
     if src is None:
         return "none"
-    return "every schedule" if src == "forced_bound" else f"{src}'s family"
+    if src in ("forced_bound", "each_node_once"):
+        return "every schedule" + (" (each node once)" if src == "each_node_once" else "")
+    return f"{src}'s family"
 
 
 def row_md(r: dict) -> str:

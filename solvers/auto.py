@@ -55,6 +55,7 @@ SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet
 # Each fast heuristic gets at most this share of the time: they run in milliseconds to a second where they fit, but
 # where they do not, naming the smallest budget they meet is a bisection of rollouts (dtr on rl1000 at 0.8: 70 s).
 FAST_SHARE = 0.06
+RETRY_SHARE = 0.2  # of the remaining time, for a DTR rollout that ran out of its share when nothing fits yet
 BLOCK_DP_SHARE = 0.3  # the block-chain program: under a second on 1000-2000-node traced transformers
 # Where no whole-graph exact solver runs (more than CPSAT_MAX_NODES nodes), auto stops once its best schedule is
 # within this share of a bound that covers it (the block program's, for its family).
@@ -138,6 +139,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         if name.startswith("chen") and big and blocks is not None:
             continue  # Chen's segments are a coarser family than the block program's (and cost seconds here)
         attempt(name, min(remaining(), FAST_SHARE * limit))
+    if not results:
+        # the DTR rollouts may need more than their share on large graphs (2000 nodes: about a second)
+        for name in ("dtr", "dtr_local"):
+            if any(t["solver"] == name and t["outcome"] == "no solution in time" for t in tried):
+                attempt(name, RETRY_SHARE * remaining())
     if blocks is not None and big and not proven() and _within_gap(blocks, results, mip_gap):
         # no whole-graph exact solver runs at this size: the block program's schedule is within the gap of the
         # best schedule of its family, and no heuristic beat it
@@ -286,6 +292,9 @@ def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: So
     if forced is not None and (bound is None or forced > bound):
         # the forced-recomputation bound holds for every schedule, in any order
         bound, bound_from, scope = min(forced, best.total_cost), "forced_bound", "every schedule"
+    if bound is None:
+        # nothing else is known in time: every node runs at least once, in every schedule
+        bound, bound_from, scope = graph.total_cost, "each_node_once", "every schedule"
     if exact is not None and exact.status is Status.OPTIMAL and not bound_note:
         status = Status.OPTIMAL  # best costs at most the proven (within-gap) optimum and at least its bound
     elif bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:

@@ -252,7 +252,11 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
             if v not in y:
                 y[v] = prob.add_variable(f"y_{v}", 0, 1, pulp.LpBinary)
     prob += pulp.lpSum(float(costs[v]) * y[v] for v in y)
-    for row in rows:
+    for k, row in enumerate(rows):
+        if k % 32 == 0 and time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+            # building the program is itself quadratic in large graphs' rows
+            raise NoSolutionInTimeError(f"forced_bound: covering program not built within {time_limit_s} s "
+                                        f"({k} of {len(rows)} rows)")
         total = sum(int(sizes[v]) for v in row.members)
         # sum over members of size (1 - y) <= room  <=>  sum size * y >= total - room
         prob += pulp.lpSum(int(sizes[v]) * y[v] for v in row.members) >= total - row.room_bytes
