@@ -383,8 +383,12 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         _warn_if_no_loss(traced)
     graph = solver_graph(traced, None, loss_bytes)
     t0 = time.perf_counter()
+    sources = secondary_outputs(traced)
+    # a schedule that recomputes a secondary output may have to be solved again with it pinned (below): keep time
+    # for that second solve inside the limit
+    first_limit = time_limit_s * FIRST_SOLVE_SHARE if sources else time_limit_s
     try:
-        result = solve(graph, budget_bytes, solver, time_limit_s=time_limit_s)
+        result = solve(graph, budget_bytes, solver, time_limit_s=first_limit)
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
@@ -418,7 +422,6 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
             result = solve(graph, budget_bytes, solver, time_limit_s=left)
     # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
     # the same computations on that graph (bytes only shrink, so it stays within the budget).
-    sources = secondary_outputs(traced)
     inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in sources}
     graph = solver_graph(traced, inflated, loss_bytes, pinned)
     result = _free_at_last_use(graph, result)
@@ -431,6 +434,9 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                     traced, loss_bytes, [graph.labels[v] for v in result.schedule.computes]),
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
+
+
+FIRST_SOLVE_SHARE = 0.6  # of plan()'s time limit, for the first solve of a graph with secondary outputs
 
 
 class LossNotPlannedWarning(UserWarning):
