@@ -436,7 +436,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
 
 
-FIRST_SOLVE_SHARE = 0.6  # of plan()'s time limit, for the first solve of a graph with secondary outputs
+FIRST_SOLVE_SHARE = 0.75  # of plan()'s time limit, for the first solve of a graph with secondary outputs
 
 
 class LossNotPlannedWarning(UserWarning):

@@ -1,7 +1,7 @@
 """Planning at scale: seconds, overhead, lower bound and gap on traced real models and large generated graphs.
 
     .venv/bin/python scripts/bench_scale.py --part small     # GPT-2-small shape, 12 and 24 layers, seq 512, batch 1
-    .venv/bin/python scripts/bench_scale.py --part tiny      # the transformers zoo at size "test", 60 % and 40 %
+    .venv/bin/python scripts/bench_scale.py --part tiny [--size bench]  # the transformers zoo, 60 % and 40 %
     .venv/bin/python scripts/bench_scale.py --part generated # 600-2000-node generated training graphs vs DTR
     [--time-limit S] [--out results/scale]
 
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds per plan (default: 60 for small and generated, 15 for tiny)")
     ap.add_argument("--models", nargs="+", default=None)
+    ap.add_argument("--size", default="test", help="the zoo size for --part tiny (test or bench)")
     ap.add_argument("--out", default="results/scale")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += part_models(args.models or ["gpt2"], size, [0.7, 0.5, 0.3], args.time_limit or 60.0)
         md = [HEADER] + [row_md(r) for r in rows]
     elif args.part == "tiny":
-        rows = part_models(args.models or ["gpt2", "llama", "bert", "vit", "resnet", "convnext", "t5"], "test",
+        rows = part_models(args.models or ["gpt2", "llama", "bert", "vit", "resnet", "convnext", "t5"], args.size,
                            [0.6, 0.4], args.time_limit or 15.0)
         md = [HEADER] + [row_md(r) for r in rows]
     else:
@@ -174,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
               .replace("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
                        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |")]
         md += [row_md(r) + f" {fmt(r.get('dtr'))} | {fmt(r.get('dtr_local'))} |" for r in rows]
-    (out / f"{args.part}.json").write_text(json.dumps(rows, indent=1, default=str))
-    (out / f"{args.part}.md").write_text("\n".join(md) + "\n")
+    stem = args.part + ("_" + args.size if args.part == "tiny" and args.size != "test" else "")
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1, default=str))
+    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    print(f"wrote {out / (args.part + '.json')}, {out / (args.part + '.md')}")
+    print(f"wrote {out / (stem + '.json')}, {out / (stem + '.md')}")
     return 0
 
 
