@@ -110,14 +110,14 @@ def test_auto_runs_the_perturbed_rollouts_where_dtr_fits(bench_dir):
         assert g.total_cost <= res.lower_bound_cost <= res.total_cost + 1e-6
 
 
-@pytest.mark.parametrize("frac", [0.5, 0.3])
+@pytest.mark.parametrize("frac", [0.5])
 def test_auto_on_a_large_block_graph_uses_the_block_program_and_beats_the_dtr_baselines(frac):
     from graphs.generate import decoder_training_graph
     from graphs.simulate import budget_from_multiplier
 
     g = decoder_training_graph(16, seed=4)  # 421 nodes: above CPSAT_MAX_NODES, no whole-graph exact solver runs
     budget = budget_from_multiplier(g, frac)
-    r = solve(g, budget, "auto", time_limit_s=20)
+    r = solve(g, budget, "auto", time_limit_s=15)
     names = [t["solver"] for t in r.info["tried"]]
     assert "block_dp" in names and names.index("block_dp") < names.index("dtr")  # first, on a large graph
     baselines = [solve(g, budget, s).total_cost for s in ("dtr", "dtr_local", "block_dp")]
