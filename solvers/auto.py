@@ -134,13 +134,13 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         # first: on large graphs it is the best start there is, and often the answer
         blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     for name in FAST_HEURISTICS:
-        if name == "lowest_memory" and big and results:
-            continue  # a fallback for budgets nothing else meets; on large graphs it costs its whole share
+        if name == "lowest_memory" and big and has_blocks and results:
+            continue  # a fallback for budgets nothing else meets; on large training graphs it costs its whole share
         if name.startswith("chen") and big and blocks is not None:
             continue  # Chen's segments are a coarser family than the block program's (and cost seconds here)
         attempt(name, min(remaining(), FAST_SHARE * limit))
-    if not results:
-        # the DTR rollouts may need more than their share on large graphs (2000 nodes: about a second)
+    if not results and any(nd.backward for nd in graph.nodes):
+        # the DTR rollouts may need more than their share on large training graphs (2000 nodes: about a second)
         for name in ("dtr", "dtr_local"):
             if any(t["solver"] == name and t["outcome"] == "no solution in time" for t in tried):
                 attempt(name, RETRY_SHARE * remaining())
