@@ -8,9 +8,10 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    When none of them fits, the subgraph relaxation (solvers.bounds.subgraph_bound) may prove that no schedule of any
    kind does: auto then raises at once (resnet50 at 0.1 x reference: 3 s instead of the whole limit).
    The block-chain program (`block_dp`, solvers.exact.block_dp), where the graph splits into blocks: first on graphs
-   of more than CPSAT_MAX_NODES nodes (where it often is the answer: there auto stops once it is the cheapest schedule
-   and within `mip_gap` of its family's bound, and skips Chen's greedies and the lowest-memory fallback, which cost
-   seconds there and lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
+   of more than CPSAT_MAX_NODES nodes, with the DTR rollouts and before the forced bound (it often is the answer
+   there: auto stops once it is the cheapest schedule and within `mip_gap` of its family's bound, reporting that
+   bound; otherwise it goes on, skipping Chen's greedies and the lowest-memory fallback, which cost seconds there and
+   lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
 3. the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
 4. chain_dp, when the graph is a training chain.
@@ -120,6 +121,17 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     first = attempt("checkpoint_all", None)
     if first is not None:
         return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
+    blocks = None
+    big = graph.n > CPSAT_MAX_NODES
+    has_blocks = _has_blocks(graph)
+    if has_blocks and big:
+        # first: on large graphs it is the best start there is, and often the answer (checked against the DTR-style
+        # rollouts), before the forced-recomputation bound, which costs seconds there (2000 nodes: ~3 s)
+        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
+        for name in ("dtr", "dtr_local"):
+            attempt(name, min(remaining(), FAST_SHARE * limit))
+        if blocks is not None and _within_gap(blocks, results, mip_gap):
+            return _pick(graph, results, tried, exact=blocks, forced=None)
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
 
     def proven() -> bool:
@@ -127,13 +139,9 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         return forced is not None and bool(results) and \
             min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
 
-    blocks = None
-    big = graph.n > CPSAT_MAX_NODES
-    has_blocks = _has_blocks(graph)
-    if has_blocks and big:
-        # first: on large graphs it is the best start there is, and often the answer
-        blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     for name in FAST_HEURISTICS:
+        if any(t["solver"] == name for t in tried):
+            continue  # run above
         if name == "lowest_memory" and big and has_blocks and results:
             continue  # a fallback for budgets nothing else meets; on large training graphs it costs its whole share
         if name.startswith("chen") and big and blocks is not None:
