@@ -156,18 +156,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per plan (default: 60 for small and generated, 15 for tiny)")
     ap.add_argument("--models", nargs="+", default=None)
     ap.add_argument("--size", default="test", help="the zoo size for --part tiny (test or bench)")
+    ap.add_argument("--sizes", nargs="+", default=["small", "small24"], help="the zoo sizes for --part small")
+    ap.add_argument("--fractions", nargs="+", type=float, default=None,
+                    help="budgets as fractions of the no-recomputation peak (default: 0.7 0.5 0.3 small, 0.6 0.4 tiny)")
     ap.add_argument("--out", default="results/scale")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.part == "small":
         rows = []
-        for size in ("small", "small24"):
-            rows += part_models(args.models or ["gpt2"], size, [0.7, 0.5, 0.3], args.time_limit or 60.0)
+        for size in args.sizes:
+            rows += part_models(args.models or ["gpt2"], size, args.fractions or [0.7, 0.5, 0.3],
+                                args.time_limit or 60.0)
         md = [HEADER] + [row_md(r) for r in rows]
     elif args.part == "tiny":
         rows = part_models(args.models or ["gpt2", "llama", "bert", "vit", "resnet", "convnext", "t5"], args.size,
-                           [0.6, 0.4], args.time_limit or 15.0)
+                           args.fractions or [0.6, 0.4], args.time_limit or 15.0)
         md = [HEADER] + [row_md(r) for r in rows]
     else:
         rows = part_generated(args.time_limit or 60.0)

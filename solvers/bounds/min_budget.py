@@ -16,14 +16,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
+from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
 from graphs.result import SolveResult
 from solvers.base import solve, solver_names
 from solvers.bounds.forced_bound import memory_floor_bytes
 from solvers.bounds.subgraph_bound import subgraph_floor_bytes
 
-HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
+# block_dp second: where the graph splits into blocks it answers in under a second (2000 nodes), where the greedies
+# and evict take seconds each per bisection step; it names no budget when it fails (its family's floor is unknown)
+HEURISTICS = ("checkpoint_all", "block_dp", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
 EXACT = ("cpsat", "milp")
 SUBGRAPH_SHARE = 0.25  # of the time limit, at most, for the subgraph relaxation
 
@@ -66,6 +68,8 @@ def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline:
             pass
         except SolverError:
             pass  # a solver bug (an invalid proposal) or a backend failure: the other solvers still answer
+        except GraphError:
+            pass  # a solver that does not apply to this graph (block_dp without a chain of blocks)
     return None, named, proofs
 
 
