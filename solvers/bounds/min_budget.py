@@ -23,9 +23,12 @@ from solvers.base import solve, solver_names
 from solvers.bounds.forced_bound import memory_floor_bytes
 from solvers.bounds.subgraph_bound import subgraph_floor_bytes
 
-# block_dp second: where the graph splits into blocks it answers in under a second (2000 nodes), where the greedies
-# and evict take seconds each per bisection step; it names no budget when it fails (its family's floor is unknown)
-HEURISTICS = ("checkpoint_all", "block_dp", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
+HEURISTICS = ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "dtr", "evict", "lowest_memory")
+# On large graphs block_dp goes second: where the graph splits into blocks it answers in under a second (2000 nodes),
+# where the greedies and evict take seconds each per bisection step (it names no budget when it fails). On small
+# graphs the others are fast and it would only add its time to every step.
+LARGE_NODES = 400
+LARGE_HEURISTICS = ("checkpoint_all", "block_dp") + HEURISTICS[1:]
 EXACT = ("cpsat", "milp")
 SUBGRAPH_SHARE = 0.25  # of the time limit, at most, for the subgraph relaxation
 
@@ -89,13 +92,14 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
         floor, floor_proof = raised, (f"{floor_name}: a node needs its inputs and output resident together "
                                       "with the non-recomputable values that later nodes read")
     per_solve = max(1.0, time_limit_s / 8)
-    res, named, _ = _try(graph, floor, HEURISTICS + EXACT, per_solve, deadline)
+    heuristics = LARGE_HEURISTICS if graph.n > LARGE_NODES else HEURISTICS
+    res, named, _ = _try(graph, floor, heuristics + EXACT, per_solve, deadline)
     if res is not None:
         return MinBudget(floor, floor, floor_proof + ", and a schedule meets exactly that", res)
     # Upper end: the least budget a heuristic named, confirmed by a schedule.
     best: SolveResult | None = None
     for b in sorted(set(named)):
-        r, _, _ = _try(graph, b, HEURISTICS, per_solve, deadline + per_solve)  # an upper end is needed
+        r, _, _ = _try(graph, b, heuristics, per_solve, deadline + per_solve)  # an upper end is needed
         if r is not None:
             best = r
             break
@@ -115,7 +119,7 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
             return MinBudget(hi, lo_proved, proof + f", and {best.solver}'s schedule meets {hi} bytes", best)
     while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
         mid = (lo + hi) // 2
-        r, _, proofs = _try(graph, mid, HEURISTICS + EXACT, per_solve, deadline)
+        r, _, proofs = _try(graph, mid, heuristics + EXACT, per_solve, deadline)
         if r is not None:
             best, hi = r, r.peak_bytes
         else:
