@@ -12,13 +12,15 @@ window ends. Every free is at a fixed place, so the memory of a schedule is exac
 where `outside` (everything but the blocks' local values) does not depend on the options. For each block shape
 every option (2**choices kept sets) is evaluated at once with numpy: its recomputed set, recompute cost, kept
 bytes and its own peak term (the largest outside + own memory over its forward and backward windows). A dynamic
-program over the blocks in order, on the exact kept bytes so far (Pareto states: fewer bytes or less cost), picks
-one option per block under the budget. The result is optimal within the family (status OPTIMAL, lower bound = its
-cost, `info["family"]` says which family) unless the states had to be thinned (status FEASIBLE, no bound); the
-schedule is replayed by the simulator like any other, and its peak equals the program's figure.
+program over the blocks in order, on the kept bytes so far counted in units of budget / GRID, picks one option per
+block under the budget: rounded up, its schedule fits; rounded down, its cost is a lower bound for the family. The
+result is OPTIMAL within the family when the two are within FAMILY_GAP, FEASIBLE otherwise (the bound is reported
+either way, `info["family"]` says which family); the schedule is replayed by the simulator like any other, and its
+peak equals the program's figure.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -38,7 +40,6 @@ FAMILY = ("block kept-set schedules: the graph split into a chain of blocks at n
 FAMILY_GAP = 1e-4  # within this share of the family's bound, the schedule counts as optimal for the family
 GRID = 1 << 15  # units of kept bytes the dynamic program counts in (budget / GRID bytes each)
 BIG = np.int64(1) << 40
-_DEBUG = False
 
 
 @dataclass
@@ -184,8 +185,6 @@ def _pareto3(kb: np.ndarray, w: np.ndarray, cost: np.ndarray) -> np.ndarray:
     keep: list[int] = []
     stair_w: list[int] = []  # among kept options so far (all with kb <= current): increasing w, decreasing cost
     stair_c: list[float] = []
-    import bisect
-
     for i in order:
         wi, ci = int(w[i]), float(cost[i])
         k = bisect.bisect_right(stair_w, wi)
@@ -337,7 +336,7 @@ class _Plan:
             check(deadline, "block_dp: dynamic program")
             units = -(-kb // q) if round_up else kb // q
             room = B - w  # P + w <= B
-            limit = np.where(room >= 0, room // q if round_up else room // q, -1)
+            limit = np.where(room >= 0, room // q, -1)
             # rounded up: P <= units * q, so units * q <= room suffices; rounded down: P >= units * q, relax to it
             new = np.full(G, np.inf)
             arg = np.full(G, -1, dtype=np.int32)
