@@ -285,7 +285,7 @@ class Plan:
             raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
         return traced
 
-    def apply(self, model: torch.nn.Module, sample_input=None) -> PlannedModule:
+    def apply(self, model: torch.nn.Module, sample_input=None, *, compile: bool = False) -> PlannedModule:
         """A drop-in training module for `model` that runs this plan (see PlannedModule).
 
         The model must have the parameters, buffers and mode the plan was made for (PlanMismatchError
@@ -299,9 +299,9 @@ class Plan:
             traced = self.traced if self.traced.model is model else dataclasses.replace(self.traced, model=model)
         elif sample_input is not None:
             traced = self._trace_for(model, sample_input)
-        module = PlannedModule(model, self, traced)
-        if traced is not None:
-            compile_schedule(traced, self.compute_sequence, self.split_position)  # fail now, not at the first step
+        module = PlannedModule(model, self, traced, compile=compile)
+        if traced is not None:  # fail now, not at the first step
+            compile_schedule(traced, self.compute_sequence, self.split_position, for_compiler=compile)
         return module
 
 

@@ -17,13 +17,19 @@ the generator state is saved before its first computation and replayed around ev
 (then restored), so the recomputed mask is bitwise the first one and the global RNG stream is
 untouched.
 
+With `for_compiler=True` the modules are built for inductor (`planner.compiled`): a random op is a
+`planner.random_ops` custom op instead (a draw that returns the generator state it started from, chained in
+eager's order, and a redraw from that state), since inductor would replace it with its own generator.
+
 `PlannedModule` wraps the original model: parameters, buffers and state_dict are the model's own, the
 forward runs the planned step through `_PlannedStep` (a torch.autograd.Function), updated buffers are
 copied into the model's buffers in place (as eager BatchNorm does), and gradients land on the model's
-parameters. In eval mode or under torch.no_grad it simply runs the original model.
+parameters. In eval mode or under torch.no_grad it simply runs the original model. With `compile=True` both
+halves are compiled by inductor at the first call.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,6 +38,8 @@ import torch.fx
 from torch.utils._pytree import tree_leaves
 
 from graphs.errors import RematError
+from planner import random_ops
+from planner.rng import get_rng_state, set_rng_state
 
 
 class ExecutorError(RematError):
@@ -126,13 +134,18 @@ def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
     return cache
 
 
-def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) -> CompiledStep:
+def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, *,
+                     for_compiler: bool = False) -> CompiledStep:
     """Build the forward and backward fx modules that run `sequence` (graph node ids, recomputations
     repeated) of `traced` (a TraceResult). The backward begins at position `split` of the sequence
     (default and upper limit: the first computation that depends on a tangent); the planner passes the
     position where its schedule hands over to the loss, so that nothing the schedule computes after the
     loss runs before it. Raises ExecutorError if the sequence cannot run as a training step (see the
-    module docstring)."""
+    module docstring).
+
+    `for_compiler`: modules for inductor (`planner.compiled`): every random fx node becomes a
+    `planner.random_ops` custom op (draw in the forward, redraw from the saved state in a recomputation), and
+    no Python-level kernels are substituted."""
     gm = traced.joint_module
     by_name = _by_name(gm)
     phs = _placeholders(gm.graph)
@@ -162,8 +175,38 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) 
     recomputed_random = {gid for gid in random_groups if seq.count(gid) > 1}
     done: set[int] = set()
 
+    last_draw: list[torch.fx.Node] = []  # the compiler path's previous draw state: draws keep eager's order
+    rng_devices: dict[str, str] = {}  # the compiler path: the device of each saved generator state
+
+    def emit_for_compiler(graph: torch.fx.Graph, env: dict, v: int) -> None:
+        """Copy group v into `graph`, each random fx node as a draw (first time) or a redraw (random_ops)."""
+        for m in members[v]:
+            if not _random_draws(m):
+                env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph))
+                continue
+            key, tensor_args = random_ops.register(m)
+            tensors = [_lookup(env, a, m, graph) for a in tensor_args]
+            n_out = random_ops.num_outputs(key)
+            if v not in done:
+                r = graph.call_function(torch.ops.remat.draw.default, (tensors, list(last_draw[-1:]), key))
+                env[_rng_key(m.name)] = state = graph.call_function(operator.getitem, (r, n_out))
+                rng_devices[_rng_key(m.name)] = random_ops.device_of(key)
+                last_draw[:] = [state]
+            else:
+                r = graph.call_function(torch.ops.remat.redraw.default,
+                                        (tensors, _lookup(env, _rng_key(m.name), None), key))
+            r.meta["val"] = None
+            if random_ops.returns_one_tensor(key):
+                env[m] = graph.call_function(operator.getitem, (r, 0))
+                env[m].meta = dict(m.meta)
+            else:
+                env[m] = r
+        done.add(v)
+
     def emit(graph: torch.fx.Graph, env: dict, v: int) -> None:
         """Copy group v into `graph`; a random group's recomputation replays its first RNG state."""
+        if for_compiler:
+            return emit_for_compiler(graph, env, v)
         device = _group_device(members[v])
         if v in recomputed_random and v not in done:
             env[_rng_key(v)] = graph.call_function(get_rng_state, (device,))
@@ -192,7 +235,12 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) 
     for v in seq[split:]:
         if v in random_groups and v not in replayed_b:
             replayed_b.add(v)
-            external.setdefault(_rng_key(v), None)
+            if for_compiler:
+                for m in members[v]:
+                    if _random_draws(m):
+                        external.setdefault(_rng_key(m.name), None)
+            else:
+                external.setdefault(_rng_key(v), None)
         for m in members[v]:
             for a in m.all_input_nodes:
                 if a in seen_b or a in tangent_phs:
@@ -221,6 +269,8 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None) 
         env_b[a] = bg.placeholder(f"saved_{_key_name(a)}")
         if isinstance(a, torch.fx.Node):
             env_b[a].meta = dict(a.meta)
+        elif a in rng_devices:
+            env_b[a].meta["rng_state_device"] = rng_devices[a]
     read_b = {a for v in seq[split:] for m in members[v] for a in m.all_input_nodes}
     read_b |= {free_view_root(a) for a in list(read_b) if a.op == "call_function"}
     used_tangents = [j for j, t in enumerate(tangent_phs) if t in read_b or any(o is t for _, o in grad_nodes)]
@@ -299,7 +349,7 @@ def _fast_dropout_backward_applies(node: torch.fx.Node) -> bool:
             and grad.dtype in (torch.float32, torch.float64) and tuple(grad.shape) == tuple(mask.shape))
 
 
-def _rng_key(gid: int) -> str:
+def _rng_key(gid: int | str) -> str:
     return f"rng_state_{gid}"
 
 
@@ -313,22 +363,6 @@ def _group_device(ms: list[torch.fx.Node]) -> str:
             if isinstance(t, torch.Tensor):
                 return str(t.device)
     return "cpu"
-
-
-def get_rng_state(device: str) -> torch.Tensor:
-    """The generator state of `device` (what a random op's recomputation must start from)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.get_rng_state(dev)
-    return torch.get_rng_state()
-
-
-def set_rng_state(device: str, state: torch.Tensor) -> None:
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_rng_state(state, dev)
-    else:
-        torch.set_rng_state(state)
 
 
 def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: torch.fx.Graph | None = None):
@@ -458,12 +492,14 @@ class PlannedModule(torch.nn.Module):
     or PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
     """
 
-    def __init__(self, model: torch.nn.Module, plan, traced=None):
+    def __init__(self, model: torch.nn.Module, plan, traced=None, compile: bool = False):
         super().__init__()
         self.module = model
         self._plan = plan
         self._traced = traced
         self._runner: StepRunner | None = None
+        self.compiled = compile
+        self.compile_seconds: float | None = None  # inductor's time for both halves (compile=True, after the first step)
 
     @property
     def plan(self):
@@ -471,7 +507,13 @@ class PlannedModule(torch.nn.Module):
 
     def _prepare(self, inputs: tuple) -> None:
         if self._runner is None:
-            step = compile_schedule(self._traced, self._plan.compute_sequence, self._plan.split_position)
+            step = compile_schedule(self._traced, self._plan.compute_sequence, self._plan.split_position,
+                                    for_compiler=self.compiled)
+            if self.compiled:
+                from planner.compiled import compile_step
+
+                step, times = compile_step(step)
+                self.compile_seconds = times.total_s
             device = inputs[0].device if inputs else next(self.module.parameters()).device
             self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
 

@@ -96,6 +96,43 @@ def measure_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None
     return int(peak)
 
 
+def allocator_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> int:
+    """Peak bytes held during one step as the allocator saw them: the bytes of the parameters, buffers and inputs
+    plus the peak of what the step allocated and had not yet freed (torch.profiler's memory events, paired by
+    address; a free of memory allocated before the step is ignored). Unlike the dispatch mode of
+    `measure_peak_bytes` it sees every allocation, those of compiled (inductor) kernels and their scratch space
+    included. On CUDA it is `measure_peak_bytes`."""
+    device = next((t.device for t in (*module.parameters(), *_tensors(inputs)) if isinstance(t, torch.Tensor)), None)
+    if device is not None and device.type == "cuda":
+        return measure_peak_bytes(module, inputs, loss_fn)
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    _zero_grad(module)
+    base = resident_bytes(module, inputs)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run_step(module, inputs, loss_fn)
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
+        stack.extend(e.children)
+    events.sort(key=lambda ev: ev[0])
+    live: dict[int, int] = {}
+    held = peak = 0
+    for _, size, ptr in events:
+        if size > 0:
+            live[ptr] = live.get(ptr, 0) + size
+            held += size
+            peak = max(peak, held)
+        elif ptr in live:
+            held -= live.pop(ptr)
+    _zero_grad(module)
+    return int(base + peak)
+
+
 @dataclass
 class StepTime:
     median_s: float

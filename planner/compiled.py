@@ -1,0 +1,115 @@
+"""The compiled path: a planned step's forward and backward modules compiled by inductor.
+
+`compile_step(step, primals)` takes the two fx modules that `compile_schedule(..., for_compiler=True)` builds for a
+schedule (the recomputations already in the backward module, every random op a `planner.random_ops` custom op) and
+compiles each with inductor: first a retrace with inductor's decompositions (on fake tensors, so nothing runs and
+nothing is allocated), then `compile_fx_inner`, the compiler torch.compile runs after its own partitioner. The
+plan's saved set and recomputations are the schedule's: the partitioner of torch.compile never runs. The result
+is a CompiledStep with the same calling conventions (the backward takes a list and clears it), so the planned
+module runs it unchanged.
+
+Why compile the halves, rather than hand a partition function to torch.compile: the joint graph torch.compile
+partitions is traced with inductor's decompositions and has other nodes than the planner's graph, so a plan made
+for eager would not name its nodes; compiling the planner's own halves keeps one plan (and one JSON file) for both
+paths, and the order of the schedule is the order of the graphs inductor receives. Inductor then fuses and may
+reorder within each half; `planner.measure` measures what the compiled step holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from planner.executor import CompiledStep, ExecutorError
+from planner.random_ops import state_like
+
+
+# What inductor may change for the planned halves (measured on transformers models at bench size, scripts/
+# bench_compile.py and docs/compile.md):
+# - reorder_for_peak_memory: the schedule's order is the one whose peak the plan bounds; inductor's own reordering
+#   minimises each half's peak alone and moved recomputations ahead of where the backward needs them (GPT-2 "test"
+#   at 60 %: 5.2 % above the predicted peak with it, 1.0 % without);
+# - layout_optimization: channels-last copies of convolution inputs are memory the plan does not model (ResNet
+#   "bench": 2.87 MB with it, 2.77 MB without, against 2.21 MB predicted).
+INDUCTOR_CONFIG = {"reorder_for_peak_memory": False, "layout_optimization": False}
+
+
+def _fake_inputs(mode: FakeTensorMode, nodes: Sequence[torch.fx.Node]) -> list[torch.Tensor]:
+    out = []
+    with mode:
+        for ph in nodes:
+            val = ph.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                out.append(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
+                                               device=val.device))
+            elif "rng_state_device" in ph.meta:  # a generator state a recomputed random op starts from
+                out.append(state_like(ph.meta["rng_state_device"]))
+            else:
+                raise ExecutorError(f"no example value for the input '{ph.name}' of a planned module")
+    return out
+
+
+def _decomposed(fn, example: list[torch.Tensor]) -> torch.fx.GraphModule:
+    import torch._inductor.lowering  # noqa: F401  (some of inductor's decompositions ask its lowerings)
+    from torch._inductor.decomposition import select_decomp_table
+
+    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
+
+
+def _inductor(gm: torch.fx.GraphModule, example: list[torch.Tensor], *, is_backward: bool):
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    # every output keeps the strides of the decomposed trace (the backward was compiled for the stash so strided,
+    # the gradients are the parameters' own layout); inductor picks the layouts of what stays inside a half
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    out.meta["user_visible_output_idxs"] = [k for k, a in enumerate(out.args[0]) if isinstance(a, torch.fx.Node)]
+    with torch._inductor.config.patch(INDUCTOR_CONFIG):
+        return compile_fx_inner(gm, example, is_backward=is_backward)
+
+
+def _output_values(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out.args[0]]
+
+
+@dataclasses.dataclass
+class CompileTimes:
+    forward_s: float
+    backward_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def compile_step(step: CompiledStep) -> tuple[CompiledStep, CompileTimes]:
+    """`step` (built with for_compiler=True) with both modules compiled by inductor, and the compile times."""
+    mode = FakeTensorMode()
+    fwd, bwd = step.forward_module, step.backward_module
+    f_phs = [n for n in fwd.graph.nodes if n.op == "placeholder"]
+    b_phs = [n for n in bwd.graph.nodes if n.op == "placeholder"]
+    t0 = time.perf_counter()
+    f_example = _fake_inputs(mode, f_phs)
+    f_gm = _decomposed(lambda *a: fwd(*a), f_example)
+    compiled_fwd = _inductor(f_gm, f_example, is_backward=False)
+    t1 = time.perf_counter()
+    # the backward receives the stash as the compiled forward returns it (inductor keeps the strides of its
+    # graph's outputs, which the decomposed trace decides, and may differ from the eager trace's)
+    b_example = _fake_inputs(mode, b_phs)
+    stash = _output_values(f_gm)[step.num_outputs + len(step.buffer_updates):]
+    for k, val in enumerate(stash):
+        if isinstance(val, torch.Tensor):
+            b_example[k] = val
+    compiled_bwd = _inductor(_decomposed(lambda *a: bwd(list(a)), b_example), b_example, is_backward=True)
+    t2 = time.perf_counter()
+
+    def forward(*primals):
+        return compiled_fwd(list(primals))
+
+    return (dataclasses.replace(step, forward_module=forward, backward_module=compiled_bwd),
+            CompileTimes(t1 - t0, t2 - t1))

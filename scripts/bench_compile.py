@@ -1,0 +1,157 @@
+"""The compiled planner (`plan.apply(model, compile=True)`) against torch.compile's own memory budget.
+
+    .venv/bin/python scripts/bench_compile.py [--models gpt2 bert resnet] [--size bench] [--budget 0.5]
+        [--repeats 7] [--time-limit 30] [--out docs/results/compile.json]
+
+For each real-architecture model (examples/hf_zoo: a decoder LM and an encoder with dropout, a conv net with
+BatchNorm; the model computes its own loss from labels), on CPU inductor with one torch thread:
+1. torch.compile(model) without a budget, and with torch._functorch.config.activation_memory_budget = --budget;
+2. the planner at the measured peak of (1) under --budget, applied with compile=True; and at 100 % of the
+   no-recomputation peak, compiled, as the reference of its own draws;
+3. eager, as the reference of the gradients.
+Peaks are measured from the allocator's stream (torch.profiler with profile_memory: inductor's buffers included);
+step times are medians of interleaved steps (forward, loss, backward); gradients are compared with eager's and,
+with dropout, each compiled variant under --budget with the same variant at full memory, under one seed (relative
+norm of the difference over all parameters). Compile time is the first step's time less a median step.
+Prints a markdown table; --out writes the rows as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from examples import hf_zoo  # noqa: E402
+from planner import GB, plan  # noqa: E402
+from planner.measure import allocator_peak_bytes, interleaved_step_seconds, run_step, step_state  # noqa: E402
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """|a - b| / |b| over every gradient (float64)."""
+    num = den = 0.0
+    for k, g in b.items():
+        if g is None:
+            continue
+        h = a[k]
+        num += float((h.double() - g.double()).norm() ** 2)
+        den += float(g.double().norm() ** 2)
+    return (num / den) ** 0.5 if den else 0.0
+
+
+def first_step_seconds(module, batch) -> float:
+    t0 = time.perf_counter()
+    run_step(module, batch)
+    for p in module.parameters():
+        p.grad = None
+    return time.perf_counter() - t0
+
+
+def torch_compiled(model, batch, budget: float | None):
+    """torch.compile(model), compiled now (first step) under activation_memory_budget `budget`."""
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    compiled = torch.compile(m)
+    with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget):
+        first = first_step_seconds(compiled, batch)
+    return compiled, first
+
+
+def bench_model(name: str, size: str, budget: float, repeats: int, time_limit_s: float) -> dict:
+    torch.manual_seed(0)
+    model, batch = hf_zoo.build(name, size, labels=True)
+    row: dict = {"model": name, "kind": hf_zoo.KIND[name], "size": size, "budget": budget}
+    eager_grads, _, _ = step_state(model, batch, seed=11)
+
+    tc_full, tc_full_first = torch_compiled(model, batch, None)
+    tc_budget, tc_budget_first = torch_compiled(model, batch, budget)
+    tc_peak = allocator_peak_bytes(tc_budget, batch)
+    row["torch_compile_peak_bytes"] = tc_peak
+    row["torch_compile_full_peak_bytes"] = allocator_peak_bytes(tc_full, batch)
+
+    full = plan(model, batch, 1e6, time_limit_s=time_limit_s)
+    row["trace_s"] = full.trace_seconds
+    t1 = time.perf_counter()
+    p = plan(model, batch, tc_peak / GB, time_limit_s=time_limit_s, traced=full.traced)
+    row["plan_s"] = time.perf_counter() - t1
+    row.update(nodes=len(p.graph), predicted_peak_bytes=p.predicted_peak_bytes, overhead=p.overhead,
+               status=p.status.value, solver=p.solver, eager_peak_bytes=full.predicted_peak_bytes)
+    planned = p.apply(model, compile=True)
+    planned_first = first_step_seconds(planned, batch)
+    planned_full = full.apply(model, compile=True)
+    first_step_seconds(planned_full, batch)
+    row["plan_peak_bytes"] = allocator_peak_bytes(planned, batch)
+    row["plan_eager_peak_bytes"] = allocator_peak_bytes(p.apply(model), batch)
+
+    times = interleaved_step_seconds({"eager": model, "torch_compile": tc_full, "torch_compile_budget": tc_budget,
+                                      "plan_compiled": planned, "plan_compiled_full": planned_full},
+                                     batch, repeats=repeats)
+    row.update({f"{k}_step_s": v.median_s for k, v in times.items()})
+    row["torch_compile_compile_s"] = tc_budget_first - times["torch_compile_budget"].median_s
+    row["torch_compile_full_compile_s"] = tc_full_first - times["torch_compile"].median_s
+    row["plan_compile_s"] = planned_first - times["plan_compiled"].median_s
+    row["plan_inductor_s"] = planned.compile_seconds
+
+    grads = {}
+    for label, m in (("torch_compile", tc_full), ("torch_compile_budget", tc_budget), ("plan_compiled", planned),
+                     ("plan_compiled_full", planned_full)):
+        g, _, _ = step_state(m, batch, seed=11)
+        grads[label] = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
+        row[f"{label}_grad_vs_eager"] = relative_difference(grads[label], eager_grads)
+    row["torch_compile_budget_vs_full"] = relative_difference(grads["torch_compile_budget"], grads["torch_compile"])
+    row["plan_compiled_vs_full"] = relative_difference(grads["plan_compiled"], grads["plan_compiled_full"])
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | nodes | torch.compile peak (budget) | plan peak, measured / predicted | step eager / compile / "
+        "compile budget / plan | grads vs eager: compile / plan | budget vs full: compile / plan | "
+        "compile s: torch.compile / plan + inductor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mb = 1e6
+        lines.append(
+            f"| {r['model']} ({r['kind']}) | {r['nodes']} | {r['torch_compile_peak_bytes'] / mb:.2f} MB "
+            f"({r['budget']}) | {r['plan_peak_bytes'] / mb:.2f} / {r['predicted_peak_bytes'] / mb:.2f} MB | "
+            f"{r['eager_step_s'] * 1e3:.0f} / {r['torch_compile_step_s'] * 1e3:.0f} / "
+            f"{r['torch_compile_budget_step_s'] * 1e3:.0f} / {r['plan_compiled_step_s'] * 1e3:.0f} ms | "
+            f"{r['torch_compile_grad_vs_eager']:.1e} / {r['plan_compiled_grad_vs_eager']:.1e} | "
+            f"{r['torch_compile_budget_vs_full']:.1e} / {r['plan_compiled_vs_full']:.1e} | "
+            f"{r['torch_compile_compile_s']:.1f} / {r['plan_s']:.1f} + {r['plan_compile_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["gpt2", "bert", "resnet"], choices=hf_zoo.NAMES)
+    ap.add_argument("--size", default="bench", choices=list(hf_zoo.SIZES))
+    ap.add_argument("--budget", type=float, default=0.5, help="torch.compile's activation_memory_budget")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--time-limit", type=float, default=30.0, help="the planner's time limit per plan (s)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", help="write the rows as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    # compile times from a cold start, for torch.compile and the planner alike
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    rows = []
+    for name in args.models:
+        row = bench_model(name, args.size, args.budget, args.repeats, args.time_limit)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
