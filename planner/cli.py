@@ -3,6 +3,7 @@
 `python -m planner solve GRAPH.json (--budget-multiplier M | --budget-bytes B) --solver NAME ...`
 `python -m planner plan MODULE:FACTORY --budget 1.5GB [--solver auto] [--cost-model auto] --out plan.json`
 `python -m planner show plan.json`
+`python -m planner fit MODULE:FACTORY --budget 24GB [--max-overhead 0.25] [--out plan.json]`
 
 Exit status: 0 on success; 2 for an infeasible budget (proven: the message names the proof and the smallest budget
 known to work) or bad input; 3 when no schedule was found within the time limit and nothing proves that none exists
@@ -43,6 +44,15 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--device", default=None, help="device name for --cost-model roofline (h100, a100, ...)")
     pl.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver")
     pl.add_argument("--out", required=True, help="write the plan here (remat-schedule JSON)")
+    f = sub.add_parser("fit", help="the largest size (batch, sequence, ...) whose training step fits a budget")
+    f.add_argument("factory", help="MODULE:FACTORY, a function of the size returning (model, sample_input)")
+    f.add_argument("--budget", required=True, type=parse_budget, help="memory budget, as for `plan`")
+    f.add_argument("--max-overhead", type=float, default=None,
+                   help="largest recompute overhead accepted (0.25 = 25 %% slower compute); no limit by default")
+    f.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time"])
+    f.add_argument("--time-limit", type=float, default=5.0, help="seconds per solve")
+    f.add_argument("--start", type=int, default=1, help="the smallest size tried")
+    f.add_argument("--out", help="write the plan of the answer here (remat-schedule JSON)")
     sh = sub.add_parser("show", help="summarise a plan file: peak, overhead, status, what is recomputed")
     sh.add_argument("plan", help="a plan written by `plan` (remat-schedule JSON)")
     return p
@@ -97,6 +107,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_size_factory(spec: str):
+    """Import MODULE:FACTORY, a function of one size parameter returning (model, sample_input)."""
+    import importlib
+
+    if ":" not in spec:
+        raise SystemExit(f"expected MODULE:FACTORY, got {spec!r}")
+    mod_name, fn_name = spec.split(":", 1)
+    sys.path.insert(0, ".")
+    try:
+        return getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"cannot load {spec}: {e}") from None
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from planner.api import GB
+    from planner.fit import max_batch
+
+    make = load_size_factory(args.factory)
+    t0 = time.perf_counter()
+    fit = max_batch(make, args.budget / GB, max_overhead=args.max_overhead, time_limit_s=args.time_limit,
+                    cost_model=args.cost_model, start=args.start,
+                    progress=lambda msg: print(f"  [{time.perf_counter() - t0:5.1f} s] {msg}", file=sys.stderr,
+                                               flush=True))
+    print(fit.summary())
+    if fit.n is None:
+        return 2
+    if args.out:
+        fit.plan.to_json(args.out)
+        print(f"wrote the plan of size {fit.n} to {args.out}")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.api import Plan
 
@@ -148,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "show":
             return cmd_show(args)
+        if args.command == "fit":
+            return cmd_fit(args)
     except InfeasibleBudgetError as e:
         print(f"infeasible: {e}", file=sys.stderr)
         return 2
