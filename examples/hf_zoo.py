@@ -64,9 +64,10 @@ def _config(name: str, s: dict):
     raise ValueError(f"unknown model '{name}'; choose one of {', '.join(NAMES)}")
 
 
-def build(name: str, size: str = "test", labels: bool = True, seed: int = 0):
-    """(model, batch): the model in train mode with weights drawn under `seed`, and its keyword batch."""
-    s = SIZES[size]
+def build(name: str, size: str = "test", labels: bool = True, seed: int = 0, batch: int | None = None):
+    """(model, batch): the model in train mode with weights drawn under `seed`, and its keyword batch (of the size's
+    batch, or `batch` rows)."""
+    s = SIZES[size] if batch is None else {**SIZES[size], "batch": batch}
     cls, cfg = _config(name, s)
     torch.manual_seed(seed)
     model = cls(cfg).train()

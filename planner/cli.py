@@ -4,6 +4,7 @@
 `python -m planner plan MODULE:FACTORY --budget 1.5GB [--solver auto] [--cost-model auto] --out plan.json`
 `python -m planner show plan.json`
 `python -m planner fit MODULE:FACTORY --budget 24GB [--max-overhead 0.25] [--out plan.json]`
+`python -m planner curve MODULE:FACTORY --out curve.png [--points 8]`
 
 Exit status: 0 on success; 2 for an infeasible budget (proven: the message names the proof and the smallest budget
 known to work) or bad input; 3 when no schedule was found within the time limit and nothing proves that none exists
@@ -53,6 +54,14 @@ def _build_parser() -> argparse.ArgumentParser:
     f.add_argument("--time-limit", type=float, default=5.0, help="seconds per solve")
     f.add_argument("--start", type=int, default=1, help="the smallest size tried")
     f.add_argument("--out", help="write the plan of the answer here (remat-schedule JSON)")
+    c = sub.add_parser("curve", help="overhead against budget for one model, drawn with its lower bound")
+    c.add_argument("factory", help="MODULE:FACTORY, a function returning (model, sample_input)")
+    c.add_argument("--out", required=True, help="the plot (PNG); the table is printed")
+    c.add_argument("--points", type=int, default=8, help="budgets from the no-recomputation peak down to the smallest")
+    c.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time"])
+    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per solve")
+    c.add_argument("--torch-compile-budget", type=float, default=0.5,
+                   help="measure torch.compile under this activation_memory_budget (0: do not)")
     sh = sub.add_parser("show", help="summarise a plan file: peak, overhead, status, what is recomputed")
     sh.add_argument("plan", help="a plan written by `plan` (remat-schedule JSON)")
     return p
@@ -140,6 +149,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_curve(args: argparse.Namespace) -> int:
+    from planner.curve import overhead_curve
+
+    model, sample = load_factory(args.factory)
+    t0 = time.perf_counter()
+    curve = overhead_curve(model, sample, points=args.points, cost_model=args.cost_model, time_limit_s=args.time_limit,
+                           torch_compile_budget=args.torch_compile_budget or None,
+                           progress=lambda msg: print(f"  [{time.perf_counter() - t0:5.1f} s] {msg}",
+                                                      file=sys.stderr, flush=True))
+    curve.plot(args.out, title=args.factory)
+    print(curve.table())
+    print(f"drew {args.out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.api import Plan
 
@@ -193,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_show(args)
         if args.command == "fit":
             return cmd_fit(args)
+        if args.command == "curve":
+            return cmd_curve(args)
     except InfeasibleBudgetError as e:
         print(f"infeasible: {e}", file=sys.stderr)
         return 2

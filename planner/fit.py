@@ -14,6 +14,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
@@ -97,7 +98,7 @@ class _Search:
             with warnings.catch_warnings():
                 if self.attempts:  # plan() warns once per search that the loss is outside the plan, not per size
                     warnings.simplefilter("ignore", LossNotPlannedWarning)
-                p = plan(model, sample, self.budget_bytes / GB, cost_model=self.cost_model,
+                p = plan(model, sample, Fraction(self.budget_bytes, GB), cost_model=self.cost_model,
                          time_limit_s=self.time_limit_s, traced=traced, loss_fn=self.loss_fn)
         except InfeasibleBudgetError as e:
             # plan() names the smallest budget known to work at this size and how that is known

@@ -3,8 +3,8 @@
     .venv/bin/python scripts/bench_fit.py [--models decoder conv demo] [--time-limit 5] [--out docs/results/fit.json]
 
 For each model the budget is eager's measured peak at batch 2 (storage-tracking dispatch mode, CPU). The planner's
-answer n is planned and its step measured the same way; per-block checkpointing (torch.utils.checkpoint around each
-block, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
+answer n is planned and its step measured the same way; per-block checkpointing (`planner.curve.per_block_checkpointed`:
+torch.utils.checkpoint around each module of the model's largest ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -23,21 +23,24 @@ from examples.gpt import make_gpt_demo  # noqa: E402
 from planner.api import GB, LossNotPlannedWarning  # noqa: E402
 from planner.fit import max_batch  # noqa: E402
 from planner.measure import measure_peak_bytes  # noqa: E402
-from scripts.bench_pytorch import with_block_checkpoints  # noqa: E402
+from planner.curve import per_block_checkpointed  # noqa: E402
+from examples import hf_zoo  # noqa: E402
 from tests.models import make_cnn, make_gpt  # noqa: E402
 
 MODELS = {
-    "decoder": ("gpt", lambda n: make_gpt(batch=n, seq=32, vocab=64, n_layers=2)),
-    "conv": ("cnn", lambda n: make_cnn(batch=n, size=16)),
-    "demo": ("gpt", make_gpt_demo),
+    "demo": make_gpt_demo,
+    "gpt2": lambda n: hf_zoo.build("gpt2", "test", batch=n),  # transformers, the model's own loss
+    "resnet": lambda n: hf_zoo.build("resnet", "test", batch=n),
+    "decoder": lambda n: make_gpt(batch=n, seq=32, vocab=64, n_layers=2),
+    "conv": lambda n: make_cnn(batch=n, size=16),
 }
 
 
-def largest_checkpointed(kind: str, make, budget_bytes: int, limit: int = 256) -> int:
+def largest_checkpointed(make, budget_bytes: int, limit: int = 256) -> int:
     n = 1
     while n < limit:
         model, x = make(n + 1)
-        if measure_peak_bytes(with_block_checkpoints(model, kind), x) > budget_bytes:
+        if measure_peak_bytes(per_block_checkpointed(model), x) > budget_bytes:
             return n
         n += 1
     return n
@@ -53,7 +56,7 @@ def main() -> None:
     warnings.simplefilter("ignore", LossNotPlannedWarning)
     rows = []
     for name in args.models:
-        kind, make = MODELS[name]
+        make = MODELS[name]
         model, x = make(2)
         budget = measure_peak_bytes(model, x)
         t0 = time.perf_counter()
@@ -64,7 +67,7 @@ def main() -> None:
         row = dict(model=name, budget_bytes=budget, n=fit.n, measured_peak_bytes=measured,
                    predicted_peak_bytes=fit.plan.predicted_peak_bytes, overhead=fit.plan.overhead,
                    next_reason=fit.next.reason if fit.next else None, traced=fit.traced_sizes, seconds=seconds,
-                   checkpointing_n=largest_checkpointed(kind, make, budget))
+                   checkpointing_n=largest_checkpointed(make, budget))
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("| model | budget (eager peak at batch 2) | planner: largest batch, measured peak, overhead | why the next "

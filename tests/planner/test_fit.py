@@ -1,13 +1,11 @@
 """max_batch: the largest batch whose planned step fits a memory budget, against per-block checkpointing."""
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from planner.api import GB
+from planner.curve import per_block_checkpointed
 from planner.fit import max_batch
 from planner.measure import measure_peak_bytes
 from tests.models import make_cnn, make_gpt
@@ -21,19 +19,11 @@ MAKERS = {
 }
 
 
-def _checkpointed(model: torch.nn.Module) -> torch.nn.Module:
-    """Each block of `model.blocks` under torch.utils.checkpoint (non-reentrant)."""
-    for blk in model.blocks:
-        plain = blk.forward
-        blk.forward = types.MethodType(lambda self, *a, _f=plain: checkpoint(_f, *a, use_reentrant=False), blk)
-    return model
-
-
 def _largest_checkpointed_batch(make, budget_bytes: int, limit: int = 64) -> int:
     n = 1
     while n < limit:
         model, x = make(n + 1)
-        if measure_peak_bytes(_checkpointed(model), x) > budget_bytes:
+        if measure_peak_bytes(per_block_checkpointed(model), x) > budget_bytes:
             return n
         n += 1
     return n
