@@ -285,6 +285,15 @@ class Plan:
             raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
         return traced
 
+    def curve(self, model: torch.nn.Module, sample_input, **options):
+        """The memory-time curve of this plan's model and input (`planner.curve.overhead_curve`, reusing this
+        plan's trace and loss_fn options as given)."""
+        from planner.curve import overhead_curve
+
+        if self.traced is None:
+            raise ValueError("a plan loaded from JSON holds no trace: call planner.curve.overhead_curve(model, input)")
+        return overhead_curve(model, sample_input, traced=self.traced, cost_model=self.cost_model, **options)
+
     def apply(self, model: torch.nn.Module, sample_input=None, *, compile: bool = False) -> PlannedModule:
         """A drop-in training module for `model` that runs this plan (see PlannedModule).
 

@@ -37,3 +37,11 @@ def test_curve_points_are_the_plans_at_those_budgets(tmp_path):
     curve.plot(str(tmp_path / "curve.png"))
     assert (tmp_path / "curve.png").stat().st_size > 1000
     assert curve.table().count("\n") >= len(curve.points) + 1
+
+
+def test_plan_level_curve_reuses_the_trace():
+    usable_registry()
+    model, x = make_gpt(batch=2, seq=16, vocab=64, n_layers=1)
+    p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=3)
+    curve = p.curve(model, x, points=2, time_limit_s=2, measure=False)
+    assert len(curve.points) == 2 and curve.points[0].overhead == 0.0 and curve.measured == []
