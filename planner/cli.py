@@ -88,17 +88,7 @@ def parse_budget(text: str) -> int:
 
 def load_factory(spec: str):
     """Import MODULE:FACTORY and call it; it must return (model, sample_input)."""
-    import importlib
-
-    if ":" not in spec:
-        raise SystemExit(f"expected MODULE:FACTORY, got {spec!r}")
-    mod_name, fn_name = spec.split(":", 1)
-    sys.path.insert(0, ".")
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise SystemExit(f"cannot load {spec}: {e}") from None
-    made = fn()
+    made = load_size_factory(spec)()
     if not (isinstance(made, tuple) and len(made) == 2):
         raise SystemExit(f"{spec} must return (model, sample_input)")
     return made
@@ -117,7 +107,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def load_size_factory(spec: str):
-    """Import MODULE:FACTORY, a function of one size parameter returning (model, sample_input)."""
+    """Import MODULE:FACTORY (for `fit`, a function of one size parameter returning (model, sample_input))."""
     import importlib
 
     if ":" not in spec:

@@ -10,7 +10,6 @@ the allocator's stream, step time over eager's, medians of 5 interleaved steps).
 from __future__ import annotations
 
 import copy
-import types
 import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -21,6 +20,7 @@ import torch
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.simulate import reference_peak_bytes
 from planner.api import GB, LossNotPlannedWarning, plan, smallest_budget
+from planner.checkpointing import per_block_checkpointed
 from planner.solver_graph import solver_graph
 
 
@@ -140,28 +140,6 @@ def _point(model, sample_input, budget_bytes, full, cost_model, time_limit_s, lo
         else:
             scope = f"the family of {p.result.info.get('bound_from') or p.solver}"
     return CurvePoint(budget_bytes, p.predicted_peak_bytes, p.overhead, lb, p.status.value, p.solver, scope)
-
-
-def per_block_checkpointed(model: torch.nn.Module) -> torch.nn.Module | None:
-    """A copy of `model` whose repeated blocks each run under torch.utils.checkpoint (non-reentrant, RNG state
-    preserved): the usual hand-written baseline. The blocks are the children of the outermost `nn.ModuleList` or
-    `nn.Sequential` holding two or more modules of one class with parameters (transformer layers, ResNet stages);
-    None when the model has none."""
-    from torch.utils.checkpoint import checkpoint
-
-    wrapped = copy.deepcopy(model)
-    found = []
-    for name, m in wrapped.named_modules():
-        kids = list(m.children()) if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) else []
-        if len(kids) > 1 and len({type(k) for k in kids}) == 1 and any(True for _ in kids[0].parameters()):
-            found.append((name.count(".") if name else -1, -len(kids), kids))
-    if not found:
-        return None
-    for blk in min(found, key=lambda f: f[:2])[2]:
-        plain = blk.forward
-        blk.forward = types.MethodType(
-            lambda self, *a, _f=plain, **kw: checkpoint(_f, *a, use_reentrant=False, **kw), blk)
-    return wrapped
 
 
 def _measured_points(model, sample_input, loss_fn, torch_compile_budget, say) -> list[MeasuredPoint]:

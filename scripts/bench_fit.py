@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_fit.py [--models decoder conv demo] [--time-limit 5] [--out docs/results/fit.json]
 
 For each model the budget is eager's measured peak at batch 2 (storage-tracking dispatch mode, CPU). The planner's
-answer n is planned and its step measured the same way; per-block checkpointing (`planner.curve.per_block_checkpointed`:
+answer n is planned and its step measured the same way; per-block checkpointing (`planner.checkpointing.per_block_checkpointed`:
 torch.utils.checkpoint around each module of the model's largest ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from examples.gpt import make_gpt_demo  # noqa: E402
 from planner.api import GB, LossNotPlannedWarning  # noqa: E402
 from planner.fit import max_batch  # noqa: E402
 from planner.measure import measure_peak_bytes  # noqa: E402
-from planner.curve import per_block_checkpointed  # noqa: E402
+from planner.checkpointing import largest_checkpointed_size  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 from tests.models import make_cnn, make_gpt  # noqa: E402
 
@@ -34,16 +34,6 @@ MODELS = {
     "decoder": lambda n: make_gpt(batch=n, seq=32, vocab=64, n_layers=2),
     "conv": lambda n: make_cnn(batch=n, size=16),
 }
-
-
-def largest_checkpointed(make, budget_bytes: int, limit: int = 256) -> int:
-    n = 1
-    while n < limit:
-        model, x = make(n + 1)
-        if measure_peak_bytes(per_block_checkpointed(model), x) > budget_bytes:
-            return n
-        n += 1
-    return n
 
 
 def main() -> None:
@@ -67,7 +57,7 @@ def main() -> None:
         row = dict(model=name, budget_bytes=budget, n=fit.n, measured_peak_bytes=measured,
                    predicted_peak_bytes=fit.plan.predicted_peak_bytes, overhead=fit.plan.overhead,
                    next_reason=fit.next.reason if fit.next else None, traced=fit.traced_sizes, seconds=seconds,
-                   checkpointing_n=largest_checkpointed(make, budget))
+                   checkpointing_n=largest_checkpointed_size(make, budget))
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("| model | budget (eager peak at batch 2) | planner: largest batch, measured peak, overhead | why the next "

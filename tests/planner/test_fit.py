@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from planner.api import GB
-from planner.curve import per_block_checkpointed
+from planner.checkpointing import largest_checkpointed_size
 from planner.fit import max_batch
 from planner.measure import measure_peak_bytes
 from tests.models import make_cnn, make_gpt
@@ -17,16 +17,6 @@ MAKERS = {
     "decoder": lambda n: make_gpt(batch=n, seq=32, vocab=64, n_layers=2),
     "conv net": lambda n: make_cnn(batch=n, size=16),
 }
-
-
-def _largest_checkpointed_batch(make, budget_bytes: int, limit: int = 64) -> int:
-    n = 1
-    while n < limit:
-        model, x = make(n + 1)
-        if measure_peak_bytes(per_block_checkpointed(model), x) > budget_bytes:
-            return n
-        n += 1
-    return n
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))
@@ -43,7 +33,7 @@ def test_max_batch_beats_per_block_checkpointing_at_eager_memory_of_batch_2(kind
     assert fit.plan.predicted_peak_bytes <= budget_bytes
     # the next one is refused, with the reason
     assert fit.next is not None and fit.next.n == fit.n + 1 and not fit.next.fits and fit.next.reason
-    assert fit.n >= _largest_checkpointed_batch(make, budget_bytes)
+    assert fit.n >= largest_checkpointed_size(make, budget_bytes, limit=64)
     # the interpolation saves tracing every size: the two sizes it starts from, the answer and the one after,
     # and the sizes a search from a wrong estimate passes through
     assert {1, 2, fit.n, fit.n + 1} <= set(fit.traced_sizes)
