@@ -1,6 +1,6 @@
 """The compiled path: a planned step's forward and backward modules compiled by inductor.
 
-`compile_step(step, primals)` takes the two fx modules that `compile_schedule(..., for_compiler=True)` builds for a
+`compile_step(step)` takes the two fx modules that `compile_schedule(..., for_compiler=True)` builds for a
 schedule (the recomputations already in the backward module, every random op a `planner.random_ops` custom op) and
 compiles each with inductor: first a retrace with inductor's decompositions (on fake tensors, so nothing runs and
 nothing is allocated), then `compile_fx_inner`, the compiler torch.compile runs after its own partitioner. The

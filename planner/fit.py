@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
 
+from capture.call import CallSpec
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from graphs.simulate import reference_peak_bytes
 from planner.api import GB, LossNotPlannedWarning, Plan, _smallest_budget, budget_bytes_from_gb, plan
 from planner.solver_graph import loss_workspace_bytes, solver_graph, trace_model
-from capture.call import CallSpec
 
 
 @dataclass
@@ -76,24 +75,22 @@ class _Search:
 
     def _build(self, n: int):
         model, sample = self.make(n)
-        traced = trace_model(model, sample, "flops" if self.cost_model == "flops" else "time")
-        loss_bytes = 0 if self.loss_fn is None else loss_workspace_bytes(model, CallSpec.of(sample)[1], self.loss_fn,
-                                                                         CallSpec.of(sample)[0])
-        return model, sample, traced, loss_bytes
+        return model, sample, trace_model(model, sample, "flops" if self.cost_model == "flops" else "time")
 
-    def smallest(self, n: int) -> tuple[int | None, int]:
-        """(smallest budget known to work at size n, its no-recomputation peak) without planning at the budget."""
+    def smallest(self, n: int) -> int | None:
+        """The smallest budget known to work at size n, found without planning at the budget."""
         self.progress(f"size {n}: tracing and finding its smallest feasible budget")
-        _, _, traced, loss_bytes = self._build(n)
+        model, sample, traced = self._build(n)
+        call, inputs = CallSpec.of(sample)
+        loss_bytes = 0 if self.loss_fn is None else loss_workspace_bytes(model, inputs, self.loss_fn, call)
         graph = solver_graph(traced, None, loss_bytes, pin_secondaries=True)
-        found, _, _ = _smallest_budget(graph, self.time_limit_s * PROBE_SHARE)
-        return found, reference_peak_bytes(graph)
+        return _smallest_budget(graph, self.time_limit_s * PROBE_SHARE)[0]
 
     def attempt(self, n: int) -> Attempt:
         if n in self.attempts:
             return self.attempts[n]
         self.progress(f"size {n}: planning at {self.budget_bytes / GB:.6g} GB")
-        model, sample, traced, _ = self._build(n)
+        model, sample, traced = self._build(n)
         try:
             with warnings.catch_warnings():
                 if self.attempts:  # plan() warns once per search that the loss is outside the plan, not per size
@@ -130,14 +127,14 @@ def max_batch(make: Callable[[int], tuple], budget_gb: float, *, loss_fn=None, m
     # refine by the secant through the traced sizes nearest the budget (small sizes carry fixed costs)
     known: dict[int, int] = {}
     for n in (start, start + 1):
-        found, _ = search.smallest(n)
+        found = search.smallest(n)
         if found is not None:
             known[n] = found
     estimate = _secant(known, budget, start, max_n)
     for _ in range(REFINEMENTS):
         if estimate is None or estimate in known:
             break
-        found, _ = search.smallest(estimate)
+        found = search.smallest(estimate)
         if found is None:
             break
         known[estimate] = found

@@ -52,6 +52,11 @@ def _tensors(inputs) -> tuple:
     return CallSpec.of(inputs)[1]
 
 
+def _device(module: torch.nn.Module, inputs) -> torch.device | None:
+    """The device of the step: its first parameter's, else its first input tensor's."""
+    return next((t.device for t in (*module.parameters(), *_tensors(inputs)) if isinstance(t, torch.Tensor)), None)
+
+
 def _zero_grad(module: torch.nn.Module) -> None:
     for p in module.parameters():
         p.grad = None
@@ -79,7 +84,7 @@ def measure_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None
     """Peak bytes held during one step (see the module docstring). Gradients are reset to None first."""
     _zero_grad(module)
     base = resident_bytes(module, inputs)
-    device = next((t.device for t in (*module.parameters(), *_tensors(inputs)) if isinstance(t, torch.Tensor)), None)
+    device = _device(module, inputs)
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
@@ -102,7 +107,7 @@ def allocator_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | No
     address; a free of memory allocated before the step is ignored). Unlike the dispatch mode of
     `measure_peak_bytes` it sees every allocation, those of compiled (inductor) kernels and their scratch space
     included. On CUDA it is `measure_peak_bytes`."""
-    device = next((t.device for t in (*module.parameters(), *_tensors(inputs)) if isinstance(t, torch.Tensor)), None)
+    device = _device(module, inputs)
     if device is not None and device.type == "cuda":
         return measure_peak_bytes(module, inputs, loss_fn)
     from torch._C._profiler import _EventType
@@ -181,3 +186,15 @@ def step_state(module: torch.nn.Module, inputs, loss_fn: Callable | None = None,
     bufs = {strip(n): b.detach().clone() for n, b in module.named_buffers()}
     _zero_grad(module)
     return grads, bufs, loss
+
+
+def relative_difference(got: dict, want: dict) -> float:
+    """|got - want| / |want| over every gradient of `want` that is not None (float64; {name: tensor} dicts as
+    `step_state` returns them)."""
+    num = den = 0.0
+    for k, g in want.items():
+        if g is None:
+            continue
+        num += float((got[k].double() - g.double()).norm() ** 2)
+        den += float(g.double().norm() ** 2)
+    return (num / den) ** 0.5 if den else 0.0

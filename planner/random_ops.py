@@ -44,7 +44,7 @@ class RandomCall:
         leaves = [next(it) if leaf is _TENSOR else leaf for leaf in self.leaves]
         args, kwargs = tree_unflatten(leaves, self.args_spec)
         out = self.target(*args, **kwargs)
-        return [out] if self.single else [torch.empty(0) if t is None else t for t in out]
+        return [out] if self.single else list(out)
 
     def fake_outputs(self) -> list[torch.Tensor]:
         return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
@@ -68,12 +68,10 @@ def register(node: torch.fx.Node) -> tuple[str, list[torch.fx.Node]]:
     val = node.meta["val"]
     single = isinstance(val, torch.Tensor)
     outs = [val] if single else list(val)
-    if not all(t is None or isinstance(t, torch.Tensor) for t in outs):
-        raise TypeError(f"op '{node.name}' returns something other than tensors")
-    # an output the op does not compute (None: a gradient not asked for) is an empty tensor in the list
-    outputs = tuple(((0,), (1,), torch.float32, "cpu") if t is None else
-                    (tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device)) for t in outs)
-    device = next(str(t.device) for t in outs if t is not None)
+    if not all(isinstance(t, torch.Tensor) for t in outs):
+        raise TypeError(f"random op '{node.name}' returns something other than tensors")
+    outputs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device)) for t in outs)
+    device = outputs[0][3]
     call = RandomCall(node.target, spec, marked, outputs, single, device)
     key = hashlib.sha1(repr((str(node.target), str(spec), marked, outputs)).encode()).hexdigest()[:20]
     _REGISTRY[key] = call

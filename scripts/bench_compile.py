@@ -30,19 +30,8 @@ import torch  # noqa: E402
 
 from examples import hf_zoo  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import allocator_peak_bytes, interleaved_step_seconds, run_step, step_state  # noqa: E402
-
-
-def relative_difference(a: dict, b: dict) -> float:
-    """|a - b| / |b| over every gradient (float64)."""
-    num = den = 0.0
-    for k, g in b.items():
-        if g is None:
-            continue
-        h = a[k]
-        num += float((h.double() - g.double()).norm() ** 2)
-        den += float(g.double().norm() ** 2)
-    return (num / den) ** 0.5 if den else 0.0
+from planner.measure import (allocator_peak_bytes, interleaved_step_seconds, relative_difference,  # noqa: E402
+                             run_step, step_state)
 
 
 def first_step_seconds(module, batch) -> float:

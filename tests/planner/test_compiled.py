@@ -9,15 +9,9 @@ import torch
 from graphs.simulate import reference_peak_bytes
 from planner import GB, plan
 from planner.api import Plan
-from planner.measure import allocator_peak_bytes, measure_peak_bytes, step_state
+from planner.measure import allocator_peak_bytes, measure_peak_bytes, relative_difference, step_state
 from tests.models import make_gpt
 from tests.planner.helpers import TIME_LIMIT_S, usable_registry
-
-
-def _relative_difference(got: dict, want: dict) -> float:
-    num = sum(float((got[k].double() - g.double()).norm() ** 2) for k, g in want.items() if g is not None)
-    den = sum(float(g.double().norm() ** 2) for g in want.values() if g is not None)
-    return (num / den) ** 0.5
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +37,7 @@ def test_compiled_plan_draws_what_eager_draws(dropout_plan):
     got = step_state(planned, x, seed=7)
     assert planned.compile_seconds is not None and planned.compile_seconds > 0
     assert torch.allclose(got[2], eager[2], rtol=1e-5, atol=1e-6)
-    assert _relative_difference(got[0], eager[0]) < 1e-5
+    assert relative_difference(got[0], eager[0]) < 1e-5
     # the global generator advanced as eager's did: the next draw is the same
     torch.manual_seed(7)
     step_state(low.apply(copy.deepcopy(model), compile=True), x, seed=7)
@@ -75,7 +69,7 @@ def test_a_json_plan_applies_compiled(dropout_plan, tmp_path):
     m = copy.deepcopy(model)
     got = step_state(loaded.apply(m, compile=True), x, seed=3)
     want = step_state(low.apply(copy.deepcopy(model)), x, seed=3)
-    assert _relative_difference(got[0], want[0]) < 1e-5
+    assert relative_difference(got[0], want[0]) < 1e-5
 
 
 def test_allocator_peak_counts_what_the_step_allocates():
