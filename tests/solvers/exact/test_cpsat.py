@@ -92,6 +92,15 @@ def test_the_forced_bound_as_objective_floor_keeps_the_optimum(g, C):
         assert got == want, f"budget {b}: cpsat with the forced bound {got}, exhaustive {want}"
 
 
+@pytest.mark.parametrize("g", [g for g, _ in CASES[:5]], ids=[g.name for g, _ in CASES[:5]])
+def test_a_wider_family_never_costs_more(g):
+    # C = 3 allows every schedule of C = 2 (auto runs the wider family first on small training graphs)
+    front = frontier(g, 2)
+    for budget in _budgets(g, front):
+        narrow, wide = _cpsat_cost(g, budget, max_computations=2), _cpsat_cost(g, budget, max_computations=3)
+        assert (narrow is None) or (wide is not None and wide <= narrow + 1e-9)
+
+
 def test_feasibility_phase_finds_the_same_optimum_without_a_hint():
     g = _with_extras(_linear(0), fixed_bytes=4, retain={3})
     front = frontier(g, 2)
