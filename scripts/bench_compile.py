@@ -7,7 +7,9 @@ For each real-architecture model (examples/hf_zoo: a decoder LM and an encoder w
 BatchNorm; the model computes its own loss from labels), on CPU inductor with one torch thread:
 1. torch.compile(model) without a budget, and with torch._functorch.config.activation_memory_budget = --budget;
 2. the planner at the measured peak of (1) under --budget, applied with compile=True; and at 100 % of the
-   no-recomputation peak, compiled, as the reference of its own draws;
+   no-recomputation peak, compiled, as the reference of its own draws; where the compiled plan measures above (1)'s
+   peak, also the plan at equal measured peak: its budget lowered by the measured excess until the compiled step
+   measures at most (1)'s peak (`plan_equal_*`);
 3. eager, as the reference of the gradients.
 Peaks are measured from the allocator's stream (torch.profiler with profile_memory: inductor's buffers included);
 step times are medians of interleaved steps (forward, loss, backward); gradients are compared with eager's and,
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from examples import hf_zoo  # noqa: E402
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from planner import GB, plan  # noqa: E402
 from planner.measure import (allocator_peak_bytes, interleaved_step_seconds, relative_difference,  # noqa: E402
                              run_step, step_state)
@@ -50,6 +53,30 @@ def torch_compiled(model, batch, budget: float | None):
     with torch._functorch.config.patch(activation_memory_budget=1.0 if budget is None else budget):
         first = first_step_seconds(compiled, batch)
     return compiled, first
+
+
+EQUAL_PEAK_TRIES = 4
+
+
+def at_equal_measured_peak(model, batch, target_bytes: int, measured_bytes: int, full, time_limit_s: float):
+    """Where the compiled plan at torch.compile's peak measures above it (inductor holds buffers the plan does not
+    model): plan again with the budget lowered by the measured excess, until the compiled step's measured peak is
+    at most the target. Returns (plan, compiled module, measured peak), or None if no budget tried gets there."""
+    budget = target_bytes
+    for _ in range(EQUAL_PEAK_TRIES):
+        budget -= measured_bytes - target_bytes
+        try:
+            q = plan(model, batch, budget / GB, time_limit_s=time_limit_s, traced=full.traced)
+        except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
+            print(f"  equal peak: nothing planned at {budget} bytes ({type(e).__name__})", flush=True)
+            return None
+        module = q.apply(model, compile=True)
+        first_step_seconds(module, batch)
+        measured_bytes = allocator_peak_bytes(module, batch)
+        print(f"  equal peak: planned at {budget} bytes, compiled step measures {measured_bytes}", flush=True)
+        if measured_bytes <= target_bytes:
+            return q, module, measured_bytes
+    return None
 
 
 def bench_model(name: str, size: str, budget: float, repeats: int, time_limit_s: float) -> dict:
@@ -77,10 +104,17 @@ def bench_model(name: str, size: str, budget: float, repeats: int, time_limit_s:
     first_step_seconds(planned_full, batch)
     row["plan_peak_bytes"] = allocator_peak_bytes(planned, batch)
     row["plan_eager_peak_bytes"] = allocator_peak_bytes(p.apply(model), batch)
+    modules = {"eager": model, "torch_compile": tc_full, "torch_compile_budget": tc_budget,
+               "plan_compiled": planned, "plan_compiled_full": planned_full}
+    if row["plan_peak_bytes"] > tc_peak:
+        equal = at_equal_measured_peak(model, batch, tc_peak, row["plan_peak_bytes"], full, time_limit_s)
+        if equal is not None:
+            q, module, peak = equal
+            modules["plan_compiled_equal"] = module
+            row.update(plan_equal_budget_bytes=q.budget_bytes, plan_equal_peak_bytes=peak,
+                       plan_equal_predicted_peak_bytes=q.predicted_peak_bytes, plan_equal_overhead=q.overhead)
 
-    times = interleaved_step_seconds({"eager": model, "torch_compile": tc_full, "torch_compile_budget": tc_budget,
-                                      "plan_compiled": planned, "plan_compiled_full": planned_full},
-                                     batch, repeats=repeats)
+    times = interleaved_step_seconds(modules, batch, repeats=repeats)
     row.update({f"{k}_step_s": v.median_s for k, v in times.items()})
     row["torch_compile_compile_s"] = tc_budget_first - times["torch_compile_budget"].median_s
     row["torch_compile_full_compile_s"] = tc_full_first - times["torch_compile"].median_s
@@ -89,7 +123,9 @@ def bench_model(name: str, size: str, budget: float, repeats: int, time_limit_s:
 
     grads = {}
     for label, m in (("torch_compile", tc_full), ("torch_compile_budget", tc_budget), ("plan_compiled", planned),
-                     ("plan_compiled_full", planned_full)):
+                     ("plan_compiled_full", planned_full), ("plan_compiled_equal", modules.get("plan_compiled_equal"))):
+        if m is None:
+            continue
         g, _, _ = step_state(m, batch, seed=11)
         grads[label] = {k.removeprefix("_orig_mod."): v for k, v in g.items()}
         row[f"{label}_grad_vs_eager"] = relative_difference(grads[label], eager_grads)
@@ -115,6 +151,15 @@ def table(rows: list[dict]) -> str:
             f"{r['torch_compile_grad_vs_eager']:.1e} / {r['plan_compiled_grad_vs_eager']:.1e} | "
             f"{r['torch_compile_budget_vs_full']:.1e} / {r['plan_compiled_vs_full']:.1e} | "
             f"{r['torch_compile_compile_s']:.1f} / {r['plan_s']:.1f} + {r['plan_compile_s']:.1f} |")
+    for r in rows:
+        if "plan_equal_peak_bytes" in r:
+            lines.append(f"\n{r['model']} at equal measured peak: plan budget {r['plan_equal_budget_bytes'] / 1e6:.2f} MB "
+                         f"(predicted {r['plan_equal_predicted_peak_bytes'] / 1e6:.2f} MB, overhead "
+                         f"{100 * r['plan_equal_overhead']:.1f} %), compiled step measures "
+                         f"{r['plan_equal_peak_bytes'] / 1e6:.2f} MB against torch.compile's "
+                         f"{r['torch_compile_peak_bytes'] / 1e6:.2f} MB; step {r['plan_compiled_equal_step_s'] * 1e3:.1f} "
+                         f"ms against {r['torch_compile_budget_step_s'] * 1e3:.1f} ms; gradients vs eager "
+                         f"{r['plan_compiled_equal_grad_vs_eager']:.1e}")
     return "\n".join(lines)
 
 
