@@ -217,9 +217,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             exact = attempt(exact_name, remaining() * WIDER_FAMILY_SHARE, max_computations=WIDER_COMPUTATIONS,
                             **options)
             if not proven() and (exact is None or exact.status is not Status.OPTIMAL) and remaining() >= 1.0:
-                ranked = sorted(results, key=lambda r: r.total_cost)
-                if ranked:
-                    options["hint_sequence"] = ranked[0].schedule.computes
+                if results:  # the best schedule so far, which may now be the wider family's
+                    options["hint_sequence"] = min(results, key=lambda r: r.total_cost).schedule.computes
                 exact = _better_bound(exact, attempt(exact_name, remaining(), **options), results)
         else:
             exact = attempt(exact_name, remaining(), **options)
