@@ -17,7 +17,8 @@ Plan (every step replayed by the simulator through solvers.base.solve):
 4. chain_dp, when the graph is a training chain.
 5. an exact solver with the remaining time: CP-SAT (hinted with the best schedule so far) on training graphs (with
    backward nodes) up to CPSAT_MAX_NODES, over the wider family (three computations per value) first on graphs up to
-   MILP_MAX_NODES; the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. (The MILP was
+   MILP_MAX_NODES, on larger ones over a family wide enough to hold its hint (up to HINT_MAX_COMPUTATIONS; the
+   eviction rollouts, which get a larger share of the time on these graphs, recompute some values three times); the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. (The MILP was
    the exact step on small training graphs until measured against CP-SAT: on the benchmark graphs of 45-77 nodes
    CP-SAT proves the same optima in 0.4-11 s where the MILP took up to 51 s, and on traced models' graphs, ResNet and
    ConvNeXt of 88-107 nodes, it proves in 1-3 s where the MILP finds no schedule in 90 s.)
@@ -48,6 +49,8 @@ MILP_MAX_NODES = 120  # graphs without a backward pass up to this size go to the
 # to this size get CP-SAT over a wider family first (at most WIDER_COMPUTATIONS computations of a value)
 WIDER_COMPUTATIONS = 3
 WIDER_FAMILY_SHARE = 0.6  # of the remaining time, for that run; the default family's run gets the rest
+# on larger training graphs CP-SAT's family widens to hold its hint, up to this many computations of a value
+HINT_MAX_COMPUTATIONS = 4
 CPSAT_MAX_NODES = 400  # beyond, the eviction heuristic's search gets the whole time limit
 DEFAULT_TIME_LIMIT_S = 60.0
 FAST_HEURISTICS = ("chen_greedy", "chen_greedy_linear", "dtr", "dtr_local", "lowest_memory")
@@ -57,6 +60,9 @@ EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
 ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most this long, this share of the time
+# where CP-SAT follows (graphs it holds), the rollouts' schedule is its hint, and a better one pays: the transformers
+# zoo at 40 % with 15 s, rollouts 1.3 s -> 3 s, CP-SAT from there (BERT 45.5 % -> 32.5 %, Llama 31.4 % -> 23.0 %)
+ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT = 0.2
 FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
 # ~4 s with its windows): at most this long, this share of the time
 SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet50 below its smallest budget: 1.4 s)
@@ -68,6 +74,16 @@ BLOCK_DP_SHARE = 0.3  # the block-chain program: under a second on 1000-2000-nod
 # Where no whole-graph exact solver runs (more than CPSAT_MAX_NODES nodes), auto stops once its best schedule is
 # within this share of a bound that covers it (the block program's, for its family).
 DEFAULT_MIP_GAP = 0.01
+
+
+def computations_needed(sequence) -> int:
+    """The most computations of one node in the stage normal form of `sequence` (solvers.exact.cpsat_family): the
+    smallest C whose CP-SAT family can take it as a hint."""
+    from collections import Counter
+
+    from solvers.exact.cpsat_family import stage_normal_form
+
+    return max(Counter(stage_normal_form(sequence)).values(), default=1)
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -109,7 +125,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             infeasible.append(e)
             return None
         except NoSolutionInTimeError as e:
-            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e)})
+            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e),
+                          **({"max_computations": options["max_computations"]} if "max_computations" in options else {})})
             timed_out.append(e)
             return None
         except SolverError as e:
@@ -172,7 +189,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if not proven() and any(r.solver in ("dtr", "dtr_local") for r in results) and remaining() > 0:
         # the rollouts fit this budget: perturbing their choices finds cheaper schedules (segnet at its smallest
         # budget: DTR's 47.97 % becomes ~46 % in a second), a better start for the exact solvers
-        attempt("rollout_search", min(ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE * remaining()), stop_at_cost=forced)
+        share = ROLLOUT_SEARCH_SHARE if big else ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT
+        attempt("rollout_search", min(ROLLOUT_SEARCH_S, share * remaining()), stop_at_cost=forced)
     if has_blocks and not big and not proven() and remaining() > 0:
         # after the fast heuristics, which often meet the forced bound on small graphs at once
         blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
@@ -221,6 +239,12 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                     options["hint_sequence"] = min(results, key=lambda r: r.total_cost).schedule.computes
                 exact = _better_bound(exact, attempt(exact_name, remaining(), **options), results)
         else:
+            if exact_name == "cpsat" and "hint_sequence" in options:
+                # a family wide enough to hold the best schedule so far as its hint (the eviction rollouts' schedules
+                # recompute some values three times: BERT "test" at 40 %, 46.4 % -> 32.5 % in 10 s with it)
+                need = computations_needed(options["hint_sequence"])
+                if 2 < need <= HINT_MAX_COMPUTATIONS:
+                    options["max_computations"] = need
             exact = attempt(exact_name, remaining(), **options)
     exact = _better_bound(exact, blocks, results)
     if not results:

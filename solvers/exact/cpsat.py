@@ -38,7 +38,8 @@ from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
 from solvers.exact.cpsat_greedy import best_greedy_sequence
 from solvers.deadline import check, deadline_after, seconds_left
-from solvers.exact.cpsat_family import FamilyForm, computation_limits, event_time, family_form, sequence_from_stages
+from solvers.exact.cpsat_family import (FamilyForm, computation_limits, event_time, family_form, sequence_from_stages,
+                                       stage_normal_form)
 
 SOLVER_NAME = "cpsat"
 # Largest objective coefficient sum we hand CP-SAT unscaled; above it costs are scaled and floored.
@@ -306,8 +307,8 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     """Minimum-cost schedule of the family under `budget_bytes` (bytes), by CP-SAT.
 
     max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
-    baseline in the family; hint_sequence: a compute sequence to try as the hint first (used when it is in the
-    family and fits). When no hint fits, a feasibility phase first minimises the peak (capacity as a variable,
+    baseline in the family; hint_sequence: a compute sequence to try as the hint first (used when it, or its stage
+    normal form (solvers.exact.cpsat_family.stage_normal_form), is in the family and fits). When no hint fits, a feasibility phase first minimises the peak (capacity as a variable,
     floored at the budget) from the no-recomputation schedule, for at most `feasibility_share` of the time left;
     its first schedule within budget warm-starts the cost phase. rel_gap: CP-SAT's relative gap limit (0: prove
     the exact optimum). parameters: extra SatParameters fields.
@@ -339,10 +340,14 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                   "bound_scope": "lower bound over the solver's family only"}
     # hint: a given sequence first, then the baselines
     hint_seq, hint_name, min_known = None, None, None
-    if hint_sequence is not None and family_form(graph, list(hint_sequence), C) is not None:
-        peak = simulate(graph, Schedule.from_sequence(graph, list(hint_sequence))).peak_bytes
-        if peak <= budget_bytes:
-            hint_seq, hint_name, min_known = list(hint_sequence), "given", peak
+    if hint_sequence is not None:
+        # the given sequence, or its stage normal form when only that lies in the family (and still fits)
+        for name, seq in (("given", list(hint_sequence)), ("given, stage normal form", stage_normal_form(hint_sequence))):
+            if family_form(graph, seq, C) is not None:
+                peak = simulate(graph, Schedule.from_sequence(graph, seq)).peak_bytes
+                if peak <= budget_bytes:
+                    hint_seq, hint_name, min_known = seq, name, peak
+                    break
     if hint and hint_seq is None:
         hint_seq, hint_name, min_known = _baseline_hint(graph, budget_bytes, C, deadline)
     if hint and hint_seq is None:

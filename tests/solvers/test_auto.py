@@ -147,3 +147,12 @@ def test_auto_on_a_large_block_graph_uses_the_block_program_and_beats_the_dtr_ba
         # the cheapest, and within 1 % of its family's bound: auto stops there and says which bound it is
         assert r.info["bound_from"] == "block_dp" and "block kept-set" in r.info["bound_scope"]
         assert "evict" not in names
+
+
+def test_the_computations_a_hint_needs_are_counted_in_its_stage_normal_form():
+    from solvers.auto import computations_needed
+
+    # node 1 runs three times as written, twice once each stage's recomputations are deduplicated
+    assert computations_needed([0, 1, 2, 1, 0, 1, 3]) == 2
+    assert computations_needed([0, 1, 2, 1, 3, 1, 4, 1]) == 4
+    assert computations_needed([]) == 1

@@ -18,7 +18,7 @@ from graphs.simulate import reference_peak_bytes, simulate
 from solvers.heuristics import baselines
 from solvers.base import solve
 from solvers.exact.cpsat import cpsat
-from solvers.exact.cpsat_family import family_form, sequence_from_stages
+from solvers.exact.cpsat_family import family_form, sequence_from_stages, stage_normal_form
 from tests.solvers.cpsat_family_oracle import frontier, optimum
 
 
@@ -161,6 +161,29 @@ def test_a_hint_from_a_given_sequence_is_used():
     assert r.info["hint"] == "given" and r.total_cost == g.total_cost
     r2 = solve(g, b, "cpsat", hint=False, hint_sequence=[0, 1])  # not a family member: ignored
     assert r2.info["hint"] != "given"
+
+
+def test_stage_normal_form_orders_each_stages_recomputations_once():
+    # first computations 0..4 stay where they are; what runs between two of them is sorted and deduplicated
+    assert stage_normal_form([0, 1, 2, 3, 1, 0, 1, 4, 2, 0]) == [0, 1, 2, 3, 0, 1, 4, 0, 2]
+    assert stage_normal_form([0, 1, 2]) == [0, 1, 2]
+
+
+def test_a_hint_outside_the_family_is_used_in_its_stage_normal_form():
+    # DTR's schedule here recomputes out of id order within a stage (found by a search over small seeds)
+    g = random_training_graph(12, 2)
+    lo, hi = g.single_op_bound_bytes(), reference_peak_bytes(g)
+    b = int(lo + 0.3 * (hi - lo))
+    seq = solve(g, b, "dtr").schedule.computes
+    C = 4
+    assert family_form(g, seq, C) is None
+    normal = stage_normal_form(seq)
+    assert family_form(g, normal, C) is not None
+    sim = simulate(g, Schedule.from_sequence(g, normal))
+    assert sim.peak_bytes <= b
+    r = solve(g, b, "cpsat", hint=False, hint_sequence=seq, max_computations=C)
+    assert r.info["hint"] == "given, stage normal form"
+    assert r.total_cost <= sim.total_cost + 1e-9
 
 
 def test_below_the_single_operation_bound_raises_with_that_bound():
