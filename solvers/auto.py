@@ -86,6 +86,15 @@ def computations_needed(sequence) -> int:
     return max(Counter(stage_normal_form(sequence)).values(), default=1)
 
 
+def _normal_form_fits(graph: Graph, budget_bytes: int, sequence) -> bool:
+    """Whether the stage normal form of `sequence` stays within the budget (CP-SAT can then take it as its hint)."""
+    from graphs.schedule import Schedule
+    from graphs.simulate import simulate
+    from solvers.exact.cpsat_family import stage_normal_form
+
+    return simulate(graph, Schedule.from_sequence(graph, stage_normal_form(sequence))).peak_bytes <= budget_bytes
+
+
 def _is_chain(graph: Graph) -> bool:
     if "chain_dp" not in solver_names():
         return False
@@ -243,7 +252,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 # a family wide enough to hold the best schedule so far as its hint (the eviction rollouts' schedules
                 # recompute some values three times: BERT "test" at 40 %, 46.4 % -> 32.5 % in 10 s with it)
                 need = computations_needed(options["hint_sequence"])
-                if 2 < need <= HINT_MAX_COMPUTATIONS:
+                if 2 < need <= HINT_MAX_COMPUTATIONS and _normal_form_fits(graph, budget_bytes,
+                                                                           options["hint_sequence"]):
                     options["max_computations"] = need
             exact = attempt(exact_name, remaining(), **options)
     exact = _better_bound(exact, blocks, results)
