@@ -61,7 +61,7 @@ SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
 ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most this long, this share of the time
 # where CP-SAT follows (graphs it holds), the rollouts' schedule is its hint, and a better one pays: the transformers
-# zoo at 40 % with 15 s, rollouts 1.3 s -> 3 s, CP-SAT from there (BERT 45.5 % -> 32.5 %, Llama 31.4 % -> 23.0 %)
+# zoo at 40 % with 15 s, rollouts 1.3 s -> 3 s, CP-SAT from there (auto: BERT 45.5 % -> 32.4 %, Llama 31.4 % -> 26.8 %)
 ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT = 0.2
 FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
 # ~4 s with its windows): at most this long, this share of the time
