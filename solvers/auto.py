@@ -18,10 +18,11 @@ Plan (every step replayed by the simulator through solvers.base.solve):
 5. an exact solver with the remaining time: CP-SAT (hinted with the best schedule so far) on training graphs (with
    backward nodes) up to CPSAT_MAX_NODES, over the wider family (three computations per value) first on graphs up to
    MILP_MAX_NODES, on larger ones over a family wide enough to hold its hint (up to HINT_MAX_COMPUTATIONS; the
-   eviction rollouts, which get a larger share of the time on these graphs, recompute some values three times); the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. (The MILP was
-   the exact step on small training graphs until measured against CP-SAT: on the benchmark graphs of 45-77 nodes
-   CP-SAT proves the same optima in 0.4-11 s where the MILP took up to 51 s, and on traced models' graphs, ResNet and
-   ConvNeXt of 88-107 nodes, it proves in 1-3 s where the MILP finds no schedule in 90 s.)
+   eviction rollouts, which get a larger share of the time on these graphs, recompute some values three times);
+   the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. (The MILP was the exact step
+   on small training graphs until measured against CP-SAT: on the benchmark graphs of 45-77 nodes CP-SAT proves the
+   same optima in 0.4-11 s where the MILP took up to 51 s, and on traced models' graphs, ResNet and ConvNeXt of
+   88-107 nodes, it proves in 1-3 s where the MILP finds no schedule in 90 s.)
 The cheapest schedule wins; its status is OPTIMAL when an exact solver proved it or when it costs no more than the
 forced-recomputation bound (auto then stops at once, without the later steps). The reported lower bound is the
 larger of the exact solver's (for its schedule family, dropped when a schedule outside the family beats it) and
@@ -134,8 +135,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             infeasible.append(e)
             return None
         except NoSolutionInTimeError as e:
-            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e),
-                          **({"max_computations": options["max_computations"]} if "max_computations" in options else {})})
+            widened = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
+            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **widened})
             timed_out.append(e)
             return None
         except SolverError as e:

@@ -308,9 +308,10 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
 
     max_computations: C, the most computations of one node (Moccasin's C). hint: warm-start from the cheapest
     baseline in the family; hint_sequence: a compute sequence to try as the hint first (used when it, or its stage
-    normal form (solvers.exact.cpsat_family.stage_normal_form), is in the family and fits). When no hint fits, a feasibility phase first minimises the peak (capacity as a variable,
-    floored at the budget) from the no-recomputation schedule, for at most `feasibility_share` of the time left;
-    its first schedule within budget warm-starts the cost phase. rel_gap: CP-SAT's relative gap limit (0: prove
+    normal form (solvers.exact.cpsat_family.stage_normal_form), is in the family and fits). When no hint fits, a
+    feasibility phase first minimises the peak (capacity as a variable, floored at the budget) from the
+    no-recomputation schedule, for at most `feasibility_share` of the time left; its first schedule within budget
+    warm-starts the cost phase. rel_gap: CP-SAT's relative gap limit (0: prove
     the exact optimum). parameters: extra SatParameters fields.
     known_lower_bound_cost: a bound on the total cost that holds for every schedule (the forced-recomputation
     bound); with exact cost units it becomes a row on the objective, so CP-SAT stops as soon as a schedule meets
@@ -342,7 +343,8 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     hint_seq, hint_name, min_known = None, None, None
     if hint_sequence is not None:
         # the given sequence, or its stage normal form when only that lies in the family (and still fits)
-        for name, seq in (("given", list(hint_sequence)), ("given, stage normal form", stage_normal_form(hint_sequence))):
+        normal = stage_normal_form(hint_sequence)
+        for name, seq in (("given", list(hint_sequence)), ("given, stage normal form", normal)):
             if family_form(graph, seq, C) is not None:
                 peak = simulate(graph, Schedule.from_sequence(graph, seq)).peak_bytes
                 if peak <= budget_bytes:
