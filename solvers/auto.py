@@ -87,13 +87,17 @@ def computations_needed(sequence) -> int:
     return max(Counter(stage_normal_form(sequence)).values(), default=1)
 
 
-def _normal_form_fits(graph: Graph, budget_bytes: int, sequence) -> bool:
-    """Whether the stage normal form of `sequence` stays within the budget (CP-SAT can then take it as its hint)."""
+def _hint_computations(graph: Graph, budget_bytes: int, sequence) -> int | None:
+    """The computations per value a CP-SAT family needs to take `sequence` as its hint, in its stage normal form;
+    None where that form does not fit the budget (CP-SAT would not use it)."""
     from graphs.schedule import Schedule
     from graphs.simulate import simulate
     from solvers.exact.cpsat_family import stage_normal_form
 
-    return simulate(graph, Schedule.from_sequence(graph, stage_normal_form(sequence))).peak_bytes <= budget_bytes
+    normal = stage_normal_form(sequence)
+    if simulate(graph, Schedule.from_sequence(graph, normal)).peak_bytes > budget_bytes:
+        return None
+    return computations_needed(normal)  # the normal form is its own normal form
 
 
 def _is_chain(graph: Graph) -> bool:
@@ -127,6 +131,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     def attempt(name: str, seconds: float | None, **options) -> SolveResult | None:
         if name not in solver_names():
             return None
+        # the family CP-SAT ran over, where auto chose it
+        family = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
         try:
             r = solve(graph, budget_bytes, name, time_limit_s=seconds, **options)
         except InfeasibleBudgetError as e:
@@ -135,8 +141,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             infeasible.append(e)
             return None
         except NoSolutionInTimeError as e:
-            widened = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
-            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **widened})
+            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **family})
             timed_out.append(e)
             return None
         except SolverError as e:
@@ -145,8 +150,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             tried.append({"solver": name, "outcome": "failed", "detail": f"{type(e).__name__}: {e}"})
             return None
         tried.append({"solver": name, "outcome": r.status.value, "total_cost": r.total_cost,
-                      "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3),
-                      **({"max_computations": options["max_computations"]} if "max_computations" in options else {})})
+                      "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3), **family})
         results.append(r)
         return r
 
@@ -252,9 +256,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             if exact_name == "cpsat" and "hint_sequence" in options:
                 # a family wide enough to hold the best schedule so far as its hint (the eviction rollouts' schedules
                 # recompute some values three times: BERT "test" at 40 %, 46.4 % -> 32.5 % in 10 s with it)
-                need = computations_needed(options["hint_sequence"])
-                if 2 < need <= HINT_MAX_COMPUTATIONS and _normal_form_fits(graph, budget_bytes,
-                                                                           options["hint_sequence"]):
+                need = _hint_computations(graph, budget_bytes, options["hint_sequence"])
+                if need is not None and 2 < need <= HINT_MAX_COMPUTATIONS:
                     options["max_computations"] = need
             exact = attempt(exact_name, remaining(), **options)
     exact = _better_bound(exact, blocks, results)
