@@ -111,6 +111,24 @@ def _prune_unread_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModule, 
     return [k for k in range(len(b_phs)) if k not in drop]
 
 
+def _update_buffers_in_graph(f_gm: torch.fx.GraphModule, step: CompiledStep) -> None:
+    """Write the forward's buffer updates (BatchNorm's running statistics) into the buffers inside the compiled
+    forward, as torch.compile does, instead of returning new tensors that the planned step copies in afterwards:
+    inductor then fuses the writes into its kernels. The copies go last, after every read of the old values (a
+    stashed old value is a clone already: executor.compile_schedule); the forward returns None in their place."""
+    phs = [n for n in f_gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in f_gm.graph.nodes if n.op == "output")
+    values = list(out.args[0])
+    with f_gm.graph.inserting_before(out):
+        for k, primal in enumerate(step.buffer_update_primals):
+            new = values[step.num_outputs + k]
+            if isinstance(new, torch.fx.Node) and new is not phs[primal]:
+                f_gm.graph.call_function(torch.ops.aten.copy_.default, (phs[primal], new))
+                values[step.num_outputs + k] = None
+    out.args = (type(out.args[0])(values),)
+    f_gm.recompile()
+
+
 def compile_step(step: CompiledStep) -> tuple[CompiledStep, CompileTimes]:
     """`step` (built with for_compiler=True) with both modules compiled by inductor, and the compile times."""
     mode = FakeTensorMode()
@@ -131,6 +149,7 @@ def compile_step(step: CompiledStep) -> tuple[CompiledStep, CompileTimes]:
     t1 = time.perf_counter()
     b_gm = _decomposed(lambda *a: bwd(list(a)), b_example)
     keep = _prune_unread_stash(f_gm, b_gm, first_stash, step.num_stash)
+    _update_buffers_in_graph(f_gm, step)
     t2 = time.perf_counter()
     compiled_fwd = _inductor(f_gm, f_example, is_backward=False)
     t3 = time.perf_counter()

@@ -109,3 +109,33 @@ def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypat
     want = step_state(kept, x, seed=5)
     assert low < allocator_peak_bytes(kept, x)
     assert relative_difference(got[0], want[0]) < 1e-6
+
+
+def test_a_compiled_step_updates_batchnorm_buffers_inside_its_forward(monkeypatch):
+    """BatchNorm's running statistics are written by the compiled forward itself (no new tensors handed back for the
+    step to copy in): after two steps every buffer, num_batches_tracked included, and every gradient equal eager's."""
+    import planner.compiled as compiled
+    from tests.models import make_cnn
+
+    usable_registry()
+    model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
+    p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+    copies = []
+    inner = compiled._inductor
+
+    def spy(gm, example, *, is_backward):
+        if not is_backward:
+            copies.append(sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default))
+        return inner(gm, example, is_backward=is_backward)
+
+    monkeypatch.setattr(compiled, "_inductor", spy)
+    eager_model = copy.deepcopy(model)
+    planned = p.apply(copy.deepcopy(model), compile=True)
+    n_updated = sum(1 for name, b in model.named_buffers())
+    for seed in (5, 6):
+        want = step_state(eager_model, x, seed=seed)
+        got = step_state(planned, x, seed=seed)
+        assert relative_difference(got[0], want[0]) < 1e-5
+    assert copies == [n_updated]  # one in-graph copy per BatchNorm buffer
+    for name, b in want[1].items():
+        assert torch.allclose(got[1][name].double(), b.double(), rtol=1e-5, atol=1e-6), name

@@ -66,6 +66,30 @@ def test_eval_and_no_grad_run_the_original(cnn):
     assert not torch.equal(before["stem.1.running_mean"], m.state_dict()["stem.1.running_mean"])
 
 
+def test_a_reassigned_parameter_is_the_one_trained_and_a_removed_submodule_is_refused(cnn):
+    """The planned step reads each parameter from its owning module at every call: a parameter replaced after
+    planning (same shape) is the one used and given the gradient; a submodule the plan names, once deleted, raises."""
+    from planner.executor import PlanMismatchError
+
+    model, x, low = cnn
+    m = copy.deepcopy(model)
+    planned = low.apply(m)
+    name, old = next((n, p) for n, p in m.named_parameters() if p.dim() == 4)
+    owner_name, _, leaf = name.rpartition(".")
+    owner = m.get_submodule(owner_name)
+    setattr(owner, leaf, torch.nn.Parameter(torch.randn_like(old)))
+    eager = copy.deepcopy(m)
+    planned(x).sum().backward()
+    eager(x).sum().backward()
+    new = owner._parameters[leaf]
+    assert old.grad is None and new.grad is not None
+    assert torch.allclose(new.grad, eager.get_parameter(name).grad, rtol=1e-5, atol=1e-6)
+    top = owner_name.split(".")[0]
+    delattr(m, top)
+    with pytest.raises(PlanMismatchError, match=f"no submodule '{top}'"):
+        planned(x)
+
+
 def test_backward_twice_is_refused(cnn):
     model, x, low = cnn
     planned = low.apply(copy.deepcopy(model))
