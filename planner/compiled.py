@@ -54,30 +54,11 @@ def _fake_inputs(mode: FakeTensorMode, nodes: Sequence[torch.fx.Node]) -> list[t
     return out
 
 
-# Ops the compiled halves call as eager's kernels instead of decomposing them: inductor's decomposition of
-# BatchNorm's backward materialises intermediates that eager's single kernel never holds (ResNet "bench", every
-# value kept: 2.61 MB measured with the decomposition, 2.48 MB with eager's kernel, against 2.33 MB predicted).
-OPAQUE_OPS = (torch.ops.aten.native_batch_norm_backward.default,)
-
-
-def _opaque_lowerings() -> None:
-    """Inductor lowers an op it has no decomposition for in its graph as a call of the eager kernel; these ops have
-    a decomposition in its global table, so the fallback is registered for them explicitly (once). torch.compile's
-    own graphs are unaffected: its decomposition still runs before lowering, so they never contain these ops."""
-    from torch._inductor import lowering
-
-    for op in OPAQUE_OPS:
-        if op not in lowering.lowerings:
-            lowering.make_fallback(op, warn=False, override_decomp=True)
-
-
 def _decomposed(fn, example: list[torch.Tensor]) -> torch.fx.GraphModule:
     import torch._inductor.lowering  # noqa: F401  (some of inductor's decompositions ask its lowerings)
     from torch._inductor.decomposition import select_decomp_table
 
-    _opaque_lowerings()
-    table = {op: f for op, f in select_decomp_table().items() if op not in OPAQUE_OPS}
-    return make_fx(fn, decomposition_table=table, tracing_mode="fake")(*example)
+    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example)
 
 
 def _inductor(gm: torch.fx.GraphModule, example: list[torch.Tensor], *, is_backward: bool):

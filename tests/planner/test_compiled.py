@@ -81,41 +81,33 @@ def test_allocator_peak_counts_what_the_step_allocates():
 
 
 def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypatch):
-    """A decoder's eager backward ops read values inductor's decomposed backward does not: the compiled forward
-    returns None in their place and the backward loses those inputs; the measured peak is no higher and the
-    gradients are as they were. (On ResNet "bench" this lowered the measured peak 2.77 -> 2.61 MB while BatchNorm's
-    backward was decomposed; it is now eager's kernel, which reads what it was stashed.)"""
+    """A BatchNorm net's eager backward ops read values inductor's decomposed backward does not: the compiled
+    forward stops returning them, which lowers the measured peak and leaves the gradients as they were."""
     import planner.compiled as compiled
+    from tests.models import make_cnn
 
     usable_registry()
-    model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=2)
+    model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     prune = compiled._prune_unread_stash
-    dropped, nones, lost = [], [], []
-
-    def inputs_of(gm):
-        return sum(1 for q in gm.graph.nodes if q.op == "placeholder")
+    dropped = []
 
     def spy(f_gm, b_gm, first_stash, num_stash):
-        before = inputs_of(b_gm)
         keep = prune(f_gm, b_gm, first_stash, num_stash)
         dropped.append(num_stash - sum(1 for k in keep if k < num_stash))
-        returned = next(n for n in f_gm.graph.nodes if n.op == "output").args[0][first_stash:]
-        nones.append(sum(1 for a in returned if a is None))
-        lost.append(before - inputs_of(b_gm))
         return keep
 
     monkeypatch.setattr(compiled, "_prune_unread_stash", spy)
     pruned = p.apply(copy.deepcopy(model), compile=True)
     got = step_state(pruned, x, seed=5)
-    assert dropped and dropped[0] > 0 and nones[0] >= dropped[0] and lost[0] == dropped[0]
+    assert dropped and dropped[0] > 0
     low = allocator_peak_bytes(pruned, x)
     monkeypatch.setattr(compiled, "_prune_unread_stash",
                         lambda f_gm, b_gm, first, n: list(range(sum(1 for q in b_gm.graph.nodes
                                                                     if q.op == "placeholder"))))
     kept = p.apply(copy.deepcopy(model), compile=True)
     want = step_state(kept, x, seed=5)
-    assert low <= allocator_peak_bytes(kept, x)
+    assert low < allocator_peak_bytes(kept, x)
     assert relative_difference(got[0], want[0]) < 1e-6
 
 
