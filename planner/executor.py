@@ -553,7 +553,7 @@ class PlannedModule(torch.nn.Module):
         self._traced = traced
         self._runner: StepRunner | None = None
         self.compiled = compile
-        self._params: _NamedTensors | None = None  # the traced parameters and buffers, looked up at each call
+        self._params: _NamedTensors | None = None  # the traced parameters and buffers (set with the runner)
         self._buffers_of: _NamedTensors | None = None
         self.compile_seconds: float | None = None  # inductor's time for both halves (compile=True, after the first step)
 
@@ -572,6 +572,8 @@ class PlannedModule(torch.nn.Module):
                 self.compile_seconds = times.total_s
             device = inputs[0].device if inputs else next(self.module.parameters()).device
             self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
+            self._params = _NamedTensors(self._traced.param_names, "_parameters")
+            self._buffers_of = _NamedTensors(self._traced.buffer_names, "_buffers")
 
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
@@ -585,9 +587,6 @@ class PlannedModule(torch.nn.Module):
         except RematError as e:
             raise PlanMismatchError(f"this plan does not fit the input: {e}") from e
         self._prepare(inputs)
-        if self._params is None or self._params.names != tr.param_names or self._buffers_of.names != tr.buffer_names:
-            self._params = _NamedTensors(tr.param_names, "_parameters")
-            self._buffers_of = _NamedTensors(tr.buffer_names, "_buffers")
         params = self._params(self.module)
         buffer_list = self._buffers_of(self.module)
         for k, t in enumerate(inputs):

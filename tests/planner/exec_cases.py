@@ -5,9 +5,9 @@ step's gradients, updated buffers and loss are torch.equal to eager (dropout und
 and its measured peak (storage-tracking mode) is within the budget and within 5 % of the predicted peak.
 
 The schedules come from time-limited searches (auto, the smallest-budget search). What is checked holds for any
-schedule, so where a loaded machine lets a search find nothing in time, the case falls back to `lowest_memory`'s
-schedule (or DTR's greedy one where it fits), which needs no search (10 % above its peak then stands for the smallest budget): no assertion depends on
-the machine's speed.
+schedule, so where a loaded machine lets a search find nothing in time, the case falls back to schedules that need
+no search: DTR's greedy one where it fits, else `lowest_memory`'s (10 % above whose peak then stands for the
+smallest budget). No assertion depends on the machine's speed.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import copy
 
 import pytest
 
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.simulate import reference_peak_bytes
 from planner import GB, plan
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from planner.api import smallest_budget
 from planner.measure import measure_peak_bytes, step_state
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, make, usable_registry
@@ -40,21 +40,22 @@ class Case:
             found, solver = smallest_budget(self.first, time_limit_s=TIME_LIMIT_S)
             if found is None:  # nothing met in time: near the minimum-memory strategy's own peak (the margin
                 # covers the replay of a recomputed secondary output, which can move its peak: CNN +0.3 %)
-                lowest = plan(self.model, self.x, 1000.0, solver=FALLBACK, cost_model="flops", traced=self.first.traced,
-                              time_limit_s=FALLBACK_LIMIT_S)
+                lowest = self._plan_with(1000 * GB, FALLBACK, FALLBACK_LIMIT_S)
                 found, solver = int(1.1 * lowest.predicted_peak_bytes), FALLBACK
             return found, solver
         return int(frac * self.ref), "auto"
 
+    def _plan_with(self, budget: int, solver: str, time_limit_s: float):
+        return plan(self.model, self.x, budget / GB, solver=solver, cost_model="flops", traced=self.first.traced,
+                    time_limit_s=time_limit_s)
+
     def plan(self, budget: int, solver: str):
         try:
-            return plan(self.model, self.x, budget / GB, solver=solver, cost_model="flops", traced=self.first.traced,
-                        time_limit_s=TIME_LIMIT_S)
+            return self._plan_with(budget, solver, TIME_LIMIT_S)
         except NoSolutionInTimeError:
             for fallback in FALLBACKS:
                 try:
-                    return plan(self.model, self.x, budget / GB, solver=fallback, cost_model="flops",
-                                traced=self.first.traced, time_limit_s=FALLBACK_LIMIT_S)
+                    return self._plan_with(budget, fallback, FALLBACK_LIMIT_S)
                 except InfeasibleBudgetError:
                     continue
             raise

@@ -131,7 +131,7 @@ def test_a_compiled_step_updates_batchnorm_buffers_inside_its_forward(monkeypatc
     monkeypatch.setattr(compiled, "_inductor", spy)
     eager_model = copy.deepcopy(model)
     planned = p.apply(copy.deepcopy(model), compile=True)
-    n_updated = sum(1 for name, b in model.named_buffers())
+    n_updated = len(list(model.buffers()))
     for seed in (5, 6):
         want = step_state(eager_model, x, seed=seed)
         got = step_state(planned, x, seed=seed)
