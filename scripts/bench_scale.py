@@ -36,6 +36,8 @@ def scope_of(info: dict) -> str:
     src = info.get("bound_from")
     if src is None:
         return "none"
+    if src == "order_bound":
+        return "program-order schedules"
     if src in ("forced_bound", "each_node_once"):
         return "every schedule" + (" (each node once)" if src == "each_node_once" else "")
     return f"{src}'s family"

@@ -66,6 +66,8 @@ ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most
 ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT = 0.2
 FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
 # ~4 s with its windows): at most this long, this share of the time
+ORDER_BOUND_S, ORDER_BOUND_SHARE = 5.0, 0.2  # the program-order bound, where no schedule meets the forced one yet
+# (traced transformers of 145-770 nodes: 0.1-7 s to prove; a round cut short gives its dual bound)
 SUBGRAPH_S = 5.0  # the subgraph relaxation, when no fast heuristic fits (resnet50 below its smallest budget: 1.4 s)
 # Each fast heuristic gets at most this share of the time: they run in milliseconds to a second where they fit, but
 # where they do not, naming the smallest budget they meet is a bisection of rollouts (dtr on rl1000 at 0.8: 70 s).
@@ -173,10 +175,14 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             return _pick(graph, results, tried, exact=blocks, forced=None)
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
 
+    order: float | None = None
+
     def proven() -> bool:
-        # a schedule costs no more than the bound for every schedule: nothing can do better
-        return forced is not None and bool(results) and \
-            min(r.total_cost for r in results) <= forced * (1 + 1e-9) + 1e-9
+        # a schedule costs no more than the bound for every schedule, or than the one for every program-order
+        # schedule (the family every solver here returns): nothing can do better
+        known = max((b for b in (forced, order) if b is not None), default=None)
+        return known is not None and bool(results) and \
+            min(r.total_cost for r in results) <= known * (1 + 1e-9) + 1e-9
 
     for name in FAST_HEURISTICS:
         if any(t["solver"] == name for t in tried):
@@ -208,8 +214,10 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if has_blocks and not big and not proven() and remaining() > 0:
         # after the fast heuristics, which often meet the forced bound on small graphs at once
         blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
+    if not proven() and remaining() > 0:
+        order = _order_bound(graph, budget_bytes, tried, min(ORDER_BOUND_S, ORDER_BOUND_SHARE * limit, remaining()))
     if proven():
-        return _pick(graph, results, tried, exact=None, forced=forced)
+        return _pick(graph, results, tried, exact=None, forced=forced, order=order)
     training = any(nd.backward for nd in graph.nodes)
     if graph.n <= CPSAT_MAX_NODES and training:
         exact_name = "cpsat"  # on every training graph it can hold (the module doc says why, with figures)
@@ -225,7 +233,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if remaining() > 0:
         attempt("evict", remaining() * share)
     if proven():
-        return _pick(graph, results, tried, exact=None, forced=forced)
+        return _pick(graph, results, tried, exact=None, forced=forced, order=order)
     exact: SolveResult | None = None
     if _is_chain(graph) and remaining() > 0:
         exact = attempt("chain_dp", remaining())
@@ -238,8 +246,10 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             ranked = sorted(results, key=lambda r: r.total_cost)
             if exact_name == "cpsat":
                 options["hint_sequence"] = ranked[0].schedule.computes
-                if forced is not None:
-                    options["known_lower_bound_cost"] = forced  # CP-SAT stops once a schedule meets it
+                known = max((b for b in (forced, order) if b is not None), default=None)
+                if known is not None:
+                    # CP-SAT stops once a schedule meets it (its family lies within the program-order one)
+                    options["known_lower_bound_cost"] = known
             else:
                 options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         if exact_name == "cpsat" and graph.n <= MILP_MAX_NODES:
@@ -275,7 +285,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             f"auto: no schedule found in {time.perf_counter() - t0:.1f} s for budget {budget_bytes} bytes, and nothing "
             f"proves that none exists; {known} (single-operation bound {floor} bytes)",
             budget_bytes=budget_bytes, min_budget_bytes=least, solver="auto", seconds=time_limit_s)
-    return _pick(graph, results, tried, exact=exact, forced=forced)
+    return _pick(graph, results, tried, exact=exact, forced=forced, order=order)
 
 
 EXACT_SOLVERS = ("milp", "milp_cbc", "cpsat", "chain_dp")
@@ -344,8 +354,27 @@ def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: f
     return fb.lower_bound_cost
 
 
+def _order_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: float) -> float | None:
+    """The bound for every program-order schedule (solvers.bounds.order_bound), or None if not solved in time or
+    if no program-order schedule fits (then it bounds nothing a solver here returns)."""
+    from solvers.bounds.order_bound import order_bound
+
+    ob = order_bound(graph, budget_bytes, time_limit_s=seconds)
+    if ob is None:
+        tried.append({"solver": "order_bound", "outcome": "no solution in time"})
+        return None
+    if not ob.fits:
+        tried.append({"solver": "order_bound", "outcome": "infeasible",
+                      "reason": "no program-order schedule fits: a node's inputs, output and non-recomputable values "
+                                "alive across it overflow the budget"})
+        return None
+    tried.append({"solver": "order_bound", "outcome": "optimal" if ob.proven else "bound",
+                  "lower_bound_cost": ob.lower_bound_cost, "rows": ob.rows, "rows_used": ob.rows_used})
+    return ob.lower_bound_cost
+
+
 def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None,
-          forced: float | None = None) -> Proposal:
+          forced: float | None = None, order: float | None = None) -> Proposal:
     best = min(results, key=lambda r: (r.total_cost, r.peak_bytes))
     bound = exact.lower_bound_cost if exact is not None else None
     bound_note = None
@@ -357,6 +386,11 @@ def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: So
         bound = None
     bound_from = exact.solver if exact is not None and bound is not None else None
     scope = f"schedules of the family: {exact.info['family']}" if bound_from and exact.info.get("family") else None
+    if order is not None and best.total_cost >= order * (1 - 1e-9) - 1e-9 and (bound is None or order > bound):
+        # it holds for every program-order schedule: a wider family than any exact solver's here
+        from solvers.bounds.order_bound import FAMILY as ORDER_FAMILY
+
+        bound, bound_from, scope = order, "order_bound", f"schedules of the family: {ORDER_FAMILY}"
     if forced is not None and (bound is None or forced > bound):
         # the forced-recomputation bound holds for every schedule, in any order
         bound, bound_from, scope = min(forced, best.total_cost), "forced_bound", "every schedule"

@@ -26,12 +26,14 @@ class SearchTooLargeError(RuntimeError):
     """The search visited more states than allowed (the graph or the budget is too large for it)."""
 
 
-def optimal_cost(graph: Graph, budget_bytes: int, *, max_states: int = DEFAULT_MAX_STATES
-                 ) -> tuple[float, Schedule] | None:
+def optimal_cost(graph: Graph, budget_bytes: int, *, max_states: int = DEFAULT_MAX_STATES,
+                 program_order: bool = False) -> tuple[float, Schedule] | None:
     """(minimum cost, a schedule reaching it) over all schedules within `budget_bytes`, or None.
 
     None means that no schedule at all fits the budget. Raises SearchTooLargeError once more than
-    `max_states` states have been settled.
+    `max_states` states have been settled. With `program_order`, only schedules whose first computations come in
+    ascending id order count (solvers.bounds.order_bound's family): the state then tracks how many nodes have
+    been computed, and a node may be computed only once every node before it has been.
     """
     n = graph.n
     budget = int(budget_bytes)
@@ -45,6 +47,8 @@ def optimal_cost(graph: Graph, budget_bytes: int, *, max_states: int = DEFAULT_M
     retained_mask = sum(1 << r for r in graph.retained)
     once_mask = sum(1 << nd.id for nd in graph.nodes if not nd.recomputable)
     tracked = sink_mask | once_mask
+    if program_order:
+        tracked = (1 << n) - 1  # the computed set is then always a prefix of the ids
 
     def mem(resident: int) -> int:
         return sum(sizes[i] for i in range(n) if resident >> i & 1)
@@ -74,6 +78,8 @@ def optimal_cost(graph: Graph, budget_bytes: int, *, max_states: int = DEFAULT_M
                 continue
             if in_mask[v] & ~resident or used + sizes[v] > budget or (once_mask & bit and computed & bit):
                 continue
+            if program_order and not computed & bit and computed != bit - 1:
+                continue  # a first computation before an earlier node's
             moves.append(((resident | bit, computed | (bit & tracked)), costs[v], Op(OpKind.COMPUTE, v)))
         for nxt, c, op in moves:
             nd = d + c

@@ -144,3 +144,15 @@ def test_windows_on_segnet_at_its_smallest_budget(bench_dir):
     # budget), and a time-limited run on a loaded machine stops below it
     windows = forced_recompute_bound(g, b, time_limit_s=None).lower_bound_cost / g.total_cost - 1
     assert round(100 * plain, 2) == 42.18 and round(100 * windows, 2) == 45.80
+
+
+def test_closures_count_the_inputs_an_absent_value_needs_again():
+    # x -> s (the scores: costly) -> p (the softmax: cheap) -> o -> l -> m; d reads m and p (as the backward reads
+    # the softmax's output). At budget 6, p does not fit beside o and l, so it runs again after them; that needs s,
+    # which does not fit there either and runs again too (from x, which does). The plain rows see p's second run
+    # only (17); the closures see s's as well (27), the exhaustive optimum.
+    nodes = (Node(0, "x", 1.0, 1), Node(1, "s", 10.0, 2, (0,)), Node(2, "p", 1.0, 2, (1,)), Node(3, "o", 1.0, 1, (2,)),
+             Node(4, "l", 1.0, 4, (3,)), Node(5, "m", 1.0, 1, (4,)), Node(6, "d", 1.0, 1, (5, 2)))
+    g = Graph(nodes)
+    assert forced_recompute_bound(g, 6, windows=False, closures=False).lower_bound_cost == 17.0
+    assert forced_recompute_bound(g, 6, windows=False).lower_bound_cost == 27.0 == optimal_cost(g, 6)[0]

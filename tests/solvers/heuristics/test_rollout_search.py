@@ -37,8 +37,9 @@ def test_rollout_search_is_never_worse_than_its_unperturbed_rollouts(graph, frac
     except InfeasibleBudgetError:
         assert not costs, "an unperturbed rollout fits, yet the search reports the budget infeasible"
         return
-    assert costs, "the unperturbed rollouts run first: one of them must fit when the search finds a schedule"
-    assert res.total_cost <= min(costs) + 1e-9
+    assert res.peak_bytes <= budget
+    if costs:  # a perturbed rollout may fit where none of the unperturbed ones does (random_dag(12, 10272) at 0.6875)
+        assert res.total_cost <= min(costs) + 1e-9
 
 
 def test_perturbed_rollouts_beat_dtr_at_segnets_smallest_budget(bench_dir):

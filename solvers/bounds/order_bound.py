@@ -1,0 +1,153 @@
+"""A lower bound for every schedule that computes the nodes for the first time in the program's order.
+
+The family (FAMILY): the first computation of each node comes in ascending id order, the order of the traced
+program; recomputations and frees may go anywhere. The executor runs the program in that order, the Checkmate
+MILP's stages advance along it, and every solver here returns such schedules (`in_program_order` checks one).
+
+The argument is forced_bound's, with the order known: at the first computation of x (time T) every node before x
+has been computed and none after it, so a value v < x that is computed once and read by a node after x (or
+retained) is resident at T, whether or not that reader descends from x. In a transformer's backward, the weight
+gradients and the other branches are not descendants of the node at hand but still run after it; this is what
+the bound for every schedule cannot count. The rows and their recomputation closures then form the program of
+solvers.bounds.row_program.
+
+Graphs of many hundreds of nodes have hundreds of rows, each with a closure over most of the forward pass, too
+large to solve at once. The program is solved on a few rows, the most overfull first; the rows its solution
+violates (checked by a greedy assignment, which proves a row satisfied when it succeeds) are added, and again
+until none is violated or the time is up. Each round's optimum, or its dual bound when the time runs out, is a
+bound: its rows are a subset of all of them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphs.ir import Graph
+from graphs.schedule import OpKind, Schedule
+from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
+
+FAMILY = ("program-order schedules: every node computed for the first time in the program's order (ascending ids), "
+          "recomputations and frees anywhere (the Checkmate MILP's family, and every solver's here)")
+FIRST_ROWS = 8  # rows of the first round
+ROWS_PER_ROUND = 8  # violated rows added per round, the most violated first
+
+
+@dataclass(frozen=True)
+class OrderBound:
+    lower_bound_cost: float  # every program-order schedule within the budget costs at least this (total cost)
+    proven: bool  # the program over every row was solved to optimality
+    rows: int  # undominated rows
+    rows_used: int  # rows in the last program solved
+    fits: bool = True  # False: no program-order schedule fits the budget (pinned values alone overflow a row)
+
+
+def in_program_order(schedule: Schedule) -> bool:
+    """Whether the schedule's first computations come in ascending id order (the family of FAMILY)."""
+    seen: set[int] = set()
+    last = -1
+    for op in schedule.ops:
+        if op.kind is OpKind.COMPUTE and op.node not in seen:
+            if op.node < last:
+                return False
+            seen.add(op.node)
+            last = op.node
+    return True
+
+
+def order_rows(graph: Graph, budget_bytes: int, deadline: float | None = None) -> list[ConflictRow] | None:
+    """The binding rows in program order, or None when no program-order schedule fits (some row's inputs, output
+    and pinned values overflow the budget). Stops at `deadline` with the rows found so far (a subset is valid)."""
+    n = graph.n
+    sizes = graph.sizes.astype(np.int64)
+    budget = int(budget_bytes) - int(graph.fixed_bytes)
+    last = np.array([max(u) if u else -1 for u in graph.users], dtype=np.int64)
+    retained = np.array([nd.retain for nd in graph.nodes], dtype=bool)
+    recomputable = np.array([nd.recomputable for nd in graph.nodes], dtype=bool)
+    ids = np.arange(n)
+    rows = []
+    for x in range(n):
+        if deadline is not None and x % 64 == 0 and time.perf_counter() > deadline:
+            break
+        local = list({x, *graph.inputs[x]})
+        live = (ids < x) & ((last > x) | retained) & (sizes > 0)
+        live[local] = False
+        room = budget - int(sizes[local].sum())
+        pinned = np.nonzero(live & ~recomputable)[0]
+        room -= int(sizes[pinned].sum())
+        if room < 0:
+            return None
+        members = np.nonzero(live & recomputable)[0]
+        if int(sizes[members].sum()) > room:
+            rows.append(ConflictRow(x, tuple(int(v) for v in members), room, tuple(int(v) for v in pinned)))
+    return rows
+
+
+def _excess(graph: Graph, row: ConflictRow, again: set[int], free: set[int]) -> int:
+    """Bytes by which row overflows when every value in `again` (computed again) is absent where it can be: the
+    members in it are absent, and so is each input an absent value needs that is in it too; the other inputs it
+    needs are resident. A result <= 0 is a feasible assignment of the row's variables: the row holds."""
+    size = graph.sizes
+    members = set(row.members)
+    used = sum(int(size[v]) for v in row.members if v not in again)
+    resident: set[int] = set()
+    absent = [v for v in row.members if v in again]
+    seen = set(absent)
+    while absent:
+        u = absent.pop()
+        for z in graph.inputs[u]:
+            if z in free or size[z] == 0 or z in seen or z in resident:
+                continue
+            if z in again and graph.nodes[z].recomputable:
+                seen.add(z)
+                absent.append(z)
+            elif z not in members:
+                resident.add(z)
+                used += int(size[z])
+    return used - row.room_bytes
+
+
+def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = 10.0) -> OrderBound | None:
+    """The bound of the module docstring (total cost), or None if not even the first round is solved in time."""
+    from solvers.bounds.forced_bound import _solve_program
+
+    t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + time_limit_s
+    all_rows = order_rows(graph, budget_bytes, deadline)
+    base = float(graph.total_cost)
+    if all_rows is None:
+        return OrderBound(float("inf"), True, 0, 0, fits=False)
+    rows = undominated(all_rows)
+    if not rows:
+        return OrderBound(base, True, 0, 0)
+    overflow = {row.node: sum(int(graph.sizes[v]) for v in row.members) - row.room_bytes for row in rows}
+    ranked = sorted(rows, key=lambda row: -overflow[row.node])
+    active = ranked[:FIRST_ROWS]
+    best: float | None = None
+    while True:
+        program = RowProgram(graph, "program_order_bound")
+        for row in active:
+            program.add_row(row)
+        prob = program.finish()
+        left = None if deadline is None else max(0.2, deadline - time.perf_counter())
+        proven, value = _solve_program(prob, left)
+        if value is not None:
+            best = value if best is None else max(best, value)
+        if not proven or (deadline is not None and time.perf_counter() > deadline):
+            break
+        again = {v for v, var in program.e.items() if (var.varValue or 0.0) > 0.5}
+        chosen = {row.node for row in active}
+        violated = []
+        for row in rows:
+            if row.node not in chosen:
+                excess = _excess(graph, row, again, RowProgram.free_at(program, row))
+                if excess > 0:
+                    violated.append((excess, row))
+        if not violated:
+            return OrderBound(base + best, True, len(rows), len(active))
+        violated.sort(key=lambda t: -t[0])
+        active = active + [row for _, row in violated[:ROWS_PER_ROUND]]
+    if best is None:
+        return None
+    return OrderBound(base + best, False, len(rows), len(active))

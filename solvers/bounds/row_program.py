@@ -1,0 +1,140 @@
+"""The covering program over conflict rows, with what an absent value costs later (its recomputation closure).
+
+A conflict row (`ConflictRow`) is a point in every schedule of some family, the first computation of a node x
+(time T), with the values `members` that are certainly resident at T if each is computed only once, and the
+room they share there. The plain program lets any member be absent at T at the price of one more computation
+of it. That is too cheap where a member's inputs are gone by T: the second computation of an absent member v
+happens after T and reads v's inputs, so each input is resident at T (taking room there) or is computed again
+after T itself, and so on up v's ancestors. Every such ancestor was computed before T (x descends from it), so
+computing it again after T is a second computation; a non-recomputable one must be resident. Attention is the
+case in point: the backward reads the softmax's output, not the scores it came from; dropping the output and
+rerunning the cheap softmax needs the scores, which are then kept at T (as large as the output) or rebuilt by
+the query-key matmul.
+
+Per row x: r[z, x] (z resident at T) for the members and for the closure values met on the way up, a[z, x]
+(z computed again after T, continuous: its least value is 0 or 1 once the r are binary); rows
+a[v] + r[v] >= 1 for members, a[z] + r[z] >= a[u] for an input z of u (r[z] >= a[u] if z cannot be recomputed),
+e[z] >= a[z] with e[z] the extra computations of z (integer), and the memory row: the sizes of the resident
+values within the row's room. Inputs of x and x are resident at T anyway (they are in the room already), as are
+the row's pinned values (non-recomputable members, counted in the room), and values of no size cost nothing: the
+closure stops there, which only loosens the program. Minimise sum cost[z] * e[z]. Any subset of the rows gives a
+valid bound; `undominated` drops rows whose members are a subset of another row's with no less room.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulp
+
+from graphs.ir import Graph
+
+
+@dataclass(frozen=True)
+class ConflictRow:
+    """At node x, the recomputable values `members` that are computed only once must fit in `room_bytes`.
+
+    pinned: the non-recomputable values resident at x in every schedule of the family (already taken from the
+    room)."""
+
+    node: int
+    members: tuple[int, ...]
+    room_bytes: int  # budget - fixed - bytes(inputs and output of x) - bytes(pinned values)
+    pinned: tuple[int, ...] = ()
+
+
+def undominated(rows: list[ConflictRow]) -> list[ConflictRow]:
+    """The rows that no other row implies: a row whose members are a subset of another's, with at least its room,
+    holds whenever that one does (for the plain program exactly; with closures the dropped row may have added a
+    little, and leaving a row out keeps the bound valid). Ties keep the first."""
+    masks = [sum(1 << v for v in row.members) for row in rows]
+    keep = []
+    for i, (m, row) in enumerate(zip(masks, rows)):
+        dominated = False
+        for j, (m2, row2) in enumerate(zip(masks, rows)):
+            if j == i or m & ~m2 or row.room_bytes < row2.room_bytes:
+                continue
+            if m != m2 or row.room_bytes != row2.room_bytes or j < i:
+                dominated = True
+                break
+        if not dominated:
+            keep.append(row)
+    return keep
+
+
+class RowProgram:
+    """The program of the module docstring, built row by row (the window rows of forced_bound add to it)."""
+
+    def __init__(self, graph: Graph, name: str):
+        self.graph = graph
+        self.prob = pulp.LpProblem(name, pulp.LpMinimize)
+        self.e: dict[int, object] = {}  # extra computations of a value
+        self.r: dict[tuple[int, int], object] = {}  # (value, row node) -> resident at the row's time
+        self.rows: dict[int, ConflictRow] = {}
+        self.size = [int(b) for b in graph.sizes]
+        self.recomputable = [nd.recomputable for nd in graph.nodes]
+        self.variables = 0
+
+    def extra(self, v: int):
+        if v not in self.e:
+            self.e[v] = self.prob.add_variable(f"e_{v}", 0, 2, pulp.LpInteger)
+            self.variables += 1
+        return self.e[v]
+
+    def resident(self, v: int, x: int):
+        if (v, x) not in self.r:
+            self.r[v, x] = self.prob.add_variable(f"r_{v}_{x}", 0, 1, pulp.LpBinary)
+            self.variables += 1
+        return self.r[v, x]
+
+    def free_at(self, row: ConflictRow) -> set[int]:
+        """Values resident at the row's time in every case, or of no size: the closure does not go through them."""
+        x = row.node
+        return {x, *self.graph.inputs[x], *row.pinned}
+
+    def add_row(self, row: ConflictRow, closure: bool = True) -> None:
+        x = row.node
+        self.rows[x] = row
+        members = set(row.members)
+        for v in row.members:
+            self.prob += self.extra(v) + self.resident(v, x) >= 1
+        if not closure:
+            return
+        free = self.free_at(row)
+        a = {}
+
+        def again(z: int):
+            if z not in a:
+                a[z] = self.prob.add_variable(f"a_{z}_{x}", 0, 1)
+                self.variables += 1
+                self.prob += self.extra(z) >= a[z]
+            return a[z]
+
+        for v in row.members:
+            self.prob += again(v) + self.resident(v, x) >= 1
+        stack, seen = list(row.members), set(row.members)
+        while stack:
+            u = stack.pop()
+            for z in dict.fromkeys(self.graph.inputs[u]):
+                if z in free or self.size[z] == 0:
+                    continue
+                if z not in members:
+                    if self.recomputable[z]:
+                        self.prob += again(z) + self.resident(z, x) >= again(u)
+                    else:
+                        self.prob += self.resident(z, x) >= again(u)
+                if z not in seen and self.recomputable[z]:
+                    seen.add(z)
+                    stack.append(z)
+
+    def finish(self) -> pulp.LpProblem:
+        """Adds the memory rows and the objective; returns the problem."""
+        by_row: dict[int, list[int]] = {}
+        for v, x in self.r:
+            by_row.setdefault(x, []).append(v)
+        for x, values in by_row.items():
+            terms = [(self.r[v, x], self.size[v]) for v in values if self.size[v]]
+            if terms:
+                self.prob += pulp.lpSum(c * var for var, c in terms) <= self.rows[x].room_bytes
+        costs = self.graph.costs
+        self.prob += pulp.lpSum(float(costs[v]) * var for v, var in self.e.items())
+        return self.prob
