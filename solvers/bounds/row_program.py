@@ -12,9 +12,9 @@ rerunning the cheap softmax needs the scores, which are then kept at T (as large
 the query-key matmul.
 
 Per row x: r[z, x] (z resident at T) for the members and for the closure values met on the way up, a[z, x]
-(z computed again after T, continuous: its least value is 0 or 1 once the r are binary); rows
-a[v] + r[v] >= 1 for members, a[z] + r[z] >= a[u] for an input z of u (r[z] >= a[u] if z cannot be recomputed),
-e[z] >= a[z] with e[z] the extra computations of z (integer), and the memory row: the sizes of the resident
+(z computed again after T, continuous: its least value is 0 or 1 once the r are binary; for a member it is
+1 - r[v]); rows a[z] + r[z] >= a[u] for an input z of u (r[z] >= a[u] if z cannot be recomputed), e[v] >= 1 - r[v]
+for members and e[z] >= a[z] for the rest, e[z] being the extra computations of z (integer), and the memory row: the sizes of the resident
 values within the row's room. Inputs of x and x are resident at T anyway (they are in the room already), as are
 the row's pinned values (non-recomputable members, counted in the room), and values of no size cost nothing: the
 closure stops there, which only loosens the program. Minimise sum cost[z] * e[z]. Any subset of the rows gives a
@@ -64,8 +64,10 @@ def undominated(rows: list[ConflictRow]) -> list[ConflictRow]:
 class RowProgram:
     """The program of the module docstring, built row by row (the window rows of forced_bound add to it)."""
 
-    def __init__(self, graph: Graph, name: str):
+    def __init__(self, graph: Graph, name: str, relaxed: bool = False):
+        """relaxed: the linear relaxation (every variable continuous), a weaker bound that solves much faster."""
         self.graph = graph
+        self.kinds = (pulp.LpContinuous,) * 2 if relaxed else (pulp.LpInteger, pulp.LpBinary)
         self.prob = pulp.LpProblem(name, pulp.LpMinimize)
         self.e: dict[int, object] = {}  # extra computations of a value
         self.r: dict[tuple[int, int], object] = {}  # (value, row node) -> resident at the row's time
@@ -76,13 +78,13 @@ class RowProgram:
 
     def extra(self, v: int):
         if v not in self.e:
-            self.e[v] = self.prob.add_variable(f"e_{v}", 0, 2, pulp.LpInteger)
+            self.e[v] = self.prob.add_variable(f"e_{v}", 0, 2, self.kinds[0])
             self.variables += 1
         return self.e[v]
 
     def resident(self, v: int, x: int):
         if (v, x) not in self.r:
-            self.r[v, x] = self.prob.add_variable(f"r_{v}_{x}", 0, 1, pulp.LpBinary)
+            self.r[v, x] = self.prob.add_variable(f"r_{v}_{x}", 0, 1, self.kinds[1])
             self.variables += 1
         return self.r[v, x]
 
@@ -109,8 +111,10 @@ class RowProgram:
                 self.prob += self.extra(z) >= a[z]
             return a[z]
 
-        for v in row.members:
-            self.prob += again(v) + self.resident(v, x) >= 1
+        def needed(u: int):
+            # a member is computed again after T exactly when it is absent there
+            return 1 - self.resident(u, x) if u in members else again(u)
+
         stack, seen = list(row.members), set(row.members)
         while stack:
             u = stack.pop()
@@ -119,9 +123,9 @@ class RowProgram:
                     continue
                 if z not in members:
                     if self.recomputable[z]:
-                        self.prob += again(z) + self.resident(z, x) >= again(u)
+                        self.prob += again(z) + self.resident(z, x) >= needed(u)
                     else:
-                        self.prob += self.resident(z, x) >= again(u)
+                        self.prob += self.resident(z, x) >= needed(u)
                 if z not in seen and self.recomputable[z]:
                     seen.add(z)
                     stack.append(z)
