@@ -267,6 +267,11 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
         wprob = build()
         if wprob is not None:
             wproven, wvalue = _solve_program(wprob, left())
+            if wprob.status == pulp.LpStatusInfeasible:
+                raise InfeasibleBudgetError(
+                    budget_bytes, None, "forced_bound",
+                    "some value read later cannot be resident at a tight node, nor be computed again there (an "
+                    "input it needs cannot be recomputed and does not fit): no schedule of any kind fits")
             if wvalue is not None and wvalue > bound:
                 # the larger program's optimum (or its dual bound) is a bound for every schedule too, whatever
                 # set of values the plain program chose

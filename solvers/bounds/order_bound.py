@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import pulp
 
 from graphs.ir import Graph
 from graphs.schedule import OpKind, Schedule
@@ -135,6 +136,10 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
             prob = program.finish()
             left = None if deadline is None else max(0.2, deadline - time.perf_counter())
             proven, value = _solve_program(prob, left)
+            if prob.status == pulp.LpStatusInfeasible:
+                # even these rows admit no assignment: no program-order schedule fits (closures included: an
+                # absent value whose inputs can be neither resident nor recomputed)
+                return OrderBound(float("inf"), True, len(rows), len(active), fits=False)
             if value is not None:
                 best = value if best is None else max(best, value)
             if not proven or (deadline is not None and time.perf_counter() > deadline):
