@@ -7,24 +7,19 @@ from hypothesis import strategies as st
 
 from graphs.benchmarks import load_benchmark
 from graphs.errors import InfeasibleBudgetError
-from graphs.generate import linear_training_graph, random_dag, random_training_graph
 from graphs.ir import Graph, Node
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes
 from solvers.base import solve
 from solvers.bounds.forced_bound import conflict_rows, forced_recompute_bound
 from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
+from tests.solvers.bounds.strategies import oracle_graphs, small_graphs
 from tests.solvers.heuristics.test_dtr import with_random_ops
 
 
-small_graphs = st.one_of(
-    st.builds(random_dag, st.integers(1, 8), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.3])),
-    st.builds(random_training_graph, st.integers(1, 3), st.integers(0, 10**6)),
-    st.builds(lambda L: linear_training_graph(L), st.integers(1, 5)),
-)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=st.builds(with_random_ops, small_graphs, st.integers(0, 255) | st.just(0)), frac=st.floats(0.2, 1.05))
+@given(graph=oracle_graphs, frac=st.floats(0.2, 1.05))
 def test_bound_never_exceeds_the_exhaustive_optimum(graph, frac):
     budget = max(graph.single_op_bound_bytes(), int(frac * reference_peak_bytes(graph)))
     try:

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeError
-from graphs.generate import decoder_training_graph, linear_training_graph, random_dag, random_training_graph
+from graphs.generate import decoder_training_graph, linear_training_graph, random_training_graph
 from graphs.ir import Graph, Node
 from graphs.schedule import Schedule
 from graphs.simulate import reference_peak_bytes
@@ -14,17 +14,12 @@ from solvers.bounds.forced_bound import _solve_program, forced_recompute_bound
 from solvers.bounds.order_bound import in_program_order, order_bound, order_rows
 from solvers.bounds.row_program import RowProgram, undominated
 from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
-from tests.solvers.heuristics.test_dtr import with_random_ops
+from tests.solvers.bounds.strategies import oracle_graphs
 
-small_graphs = st.one_of(
-    st.builds(random_dag, st.integers(1, 8), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.3])),
-    st.builds(random_training_graph, st.integers(1, 3), st.integers(0, 10**6)),
-    st.builds(lambda L: linear_training_graph(L), st.integers(1, 5)),
-)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=st.builds(with_random_ops, small_graphs, st.integers(0, 255) | st.just(0)), frac=st.floats(0.2, 1.05))
+@given(graph=oracle_graphs, frac=st.floats(0.2, 1.05))
 def test_bound_never_exceeds_the_best_program_order_schedule(graph, frac):
     budget = max(graph.single_op_bound_bytes(), int(frac * reference_peak_bytes(graph)))
     try:
