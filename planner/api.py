@@ -187,6 +187,11 @@ class Plan:
 
     def summary(self) -> str:
         lb = "" if self.lower_bound_cost is None else f", lower bound cost {self.lower_bound_cost:.6g}"
+        src = self.result.info.get("bound_from")
+        if lb and src:
+            covers = {"order_bound": "program-order schedules", "forced_bound": "every schedule",
+                      "each_node_once": "every schedule"}.get(src, f"{src}'s family")
+            lb += f" (for {covers})"
         return (f"budget {self.budget_bytes / GB:.6f} GB, predicted peak {self.predicted_peak_bytes / GB:.6f} GB, "
                 f"overhead {100 * self.overhead:.2f}%, status {self.status.value}, solver {self.solver}{lb}")
 

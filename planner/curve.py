@@ -137,6 +137,8 @@ def _point(model, sample_input, budget_bytes, full, cost_model, time_limit_s, lo
         scope = p.result.info.get("bound_scope")
         if lb == 0 or scope == "every schedule":
             scope = "every schedule"  # no schedule costs less than no recomputation
+        elif p.result.info.get("bound_from") == "order_bound":
+            scope = "program-order schedules"  # solvers.bounds.order_bound: every schedule a solver here returns
         else:
             scope = f"the family of {p.result.info.get('bound_from') or p.solver}"
     return CurvePoint(budget_bytes, p.predicted_peak_bytes, p.overhead, lb, p.status.value, p.solver, scope)

@@ -97,3 +97,15 @@ def test_no_program_order_schedule_fits():
     g = Graph(nodes)
     ob = order_bound(g, 9, time_limit_s=None)
     assert not ob.fits and optimal_cost(g, 9, program_order=True) is None
+
+
+def test_auto_reports_the_program_order_bound_where_it_is_the_largest():
+    # the graph of test_a_value_read_by_a_later_branch_counts_in_program_order: the bound for every schedule says
+    # nothing runs twice (d could run first), every solver here keeps the program's order and recomputes a, and the
+    # program-order bound proves that optimal for its family
+    nodes = (Node(0, "a", 5.0, 2), Node(1, "b", 1.0, 4, (0,)), Node(2, "c", 1.0, 4, (1,)), Node(3, "d", 1.0, 1, (0,)))
+    g = Graph(nodes)
+    r = solve(g, 8, "auto", time_limit_s=10)
+    assert r.total_cost == g.total_cost + 5.0 == r.lower_bound_cost
+    assert r.info["bound_from"] == "order_bound" and "program-order" in r.info["bound_scope"]
+    assert in_program_order(r.schedule)
