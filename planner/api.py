@@ -100,6 +100,15 @@ def _graph_difference(want: Graph, got: Graph, compare_costs: bool) -> str | Non
     return None
 
 
+def bound_covers(info: dict, solver: str) -> str:
+    """Which schedules a result's lower bound covers, in words (auto's `bound_scope` and `bound_from`)."""
+    if info.get("bound_scope") == "every schedule":
+        return "every schedule"
+    if info.get("bound_from") == "order_bound":
+        return "program-order schedules"  # solvers.bounds.order_bound: every schedule a solver here returns
+    return f"the family of {info.get('bound_from') or solver}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------
@@ -186,12 +195,8 @@ class Plan:
         return dict(out)
 
     def summary(self) -> str:
-        lb = "" if self.lower_bound_cost is None else f", lower bound cost {self.lower_bound_cost:.6g}"
-        src = self.result.info.get("bound_from")
-        if lb and src:
-            covers = {"order_bound": "program-order schedules", "forced_bound": "every schedule",
-                      "each_node_once": "every schedule"}.get(src, f"{src}'s family")
-            lb += f" (for {covers})"
+        lb = "" if self.lower_bound_cost is None else \
+            f", lower bound cost {self.lower_bound_cost:.6g} (for {bound_covers(self.result.info, self.solver)})"
         return (f"budget {self.budget_bytes / GB:.6f} GB, predicted peak {self.predicted_peak_bytes / GB:.6f} GB, "
                 f"overhead {100 * self.overhead:.2f}%, status {self.status.value}, solver {self.solver}{lb}")
 

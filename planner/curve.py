@@ -19,7 +19,7 @@ import torch
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.simulate import reference_peak_bytes
-from planner.api import GB, LossNotPlannedWarning, plan, smallest_budget
+from planner.api import GB, LossNotPlannedWarning, bound_covers, plan, smallest_budget
 from planner.checkpointing import per_block_checkpointed
 from planner.solver_graph import solver_graph
 
@@ -134,13 +134,8 @@ def _point(model, sample_input, budget_bytes, full, cost_model, time_limit_s, lo
     lb = None if p.lower_bound_cost is None or base <= 0 else max(0.0, p.lower_bound_cost / base - 1)
     scope = None
     if lb is not None:
-        scope = p.result.info.get("bound_scope")
-        if lb == 0 or scope == "every schedule":
-            scope = "every schedule"  # no schedule costs less than no recomputation
-        elif p.result.info.get("bound_from") == "order_bound":
-            scope = "program-order schedules"  # solvers.bounds.order_bound: every schedule a solver here returns
-        else:
-            scope = f"the family of {p.result.info.get('bound_from') or p.solver}"
+        # at no recomputation, no schedule costs less
+        scope = "every schedule" if lb == 0 else bound_covers(p.result.info, p.solver)
     return CurvePoint(budget_bytes, p.predicted_peak_bytes, p.overhead, lb, p.status.value, p.solver, scope)
 
 

@@ -181,10 +181,14 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
 
     order: float | None = None
 
+    def known_bound() -> float | None:
+        # the larger of the bound for every schedule and the one for every program-order schedule (the family
+        # every solver here returns)
+        return max((b for b in (forced, order) if b is not None), default=None)
+
     def proven() -> bool:
-        # a schedule costs no more than the bound for every schedule, or than the one for every program-order
-        # schedule (the family every solver here returns): nothing can do better
-        known = max((b for b in (forced, order) if b is not None), default=None)
+        # a schedule costs no more than a bound that covers it: nothing can do better
+        known = known_bound()
         return known is not None and bool(results) and \
             min(r.total_cost for r in results) <= known * (1 + 1e-9) + 1e-9
 
@@ -250,7 +254,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             ranked = sorted(results, key=lambda r: r.total_cost)
             if exact_name == "cpsat":
                 options["hint_sequence"] = ranked[0].schedule.computes
-                known = max((b for b in (forced, order) if b is not None), default=None)
+                known = known_bound()
                 if known is not None:
                     # CP-SAT stops once a schedule meets it (its family lies within the program-order one)
                     options["known_lower_bound_cost"] = known

@@ -126,26 +126,23 @@ def conflict_rows(graph: Graph, budget_bytes: int, deadline: float | None = None
 MAX_WINDOW_VARIABLES = 20000  # window rows beyond this many variables are left out (the bound stays valid)
 
 
-def _solve_program(prob, time_limit_s: float | None, gap_abs: float = 0.0) -> tuple[bool, float | None]:
-    """(solved, a lower bound on its optimum) of a PuLP minimisation. Solved to optimality, the bound is the
-    optimum itself; within an absolute gap `gap_abs` > 0, or cut short by the limit, it is HiGHS's dual bound
-    (None if HiGHS knows nothing within the limit). The solution is the incumbent in every case."""
+def _solve_program(prob, time_limit_s: float | None) -> tuple[bool, float | None]:
+    """(proven optimal, its objective or else HiGHS's dual bound) of a PuLP minimisation; the value is None if
+    HiGHS knows nothing within the limit."""
     from solvers.highs import HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
     import highspy
 
-    prob.solve(HighsWithStart(start=None, msg=False, timeLimit=time_limit_s, gapRel=0.0,
-                              gapAbs=gap_abs if gap_abs > 0 else None))
+    prob.solve(HighsWithStart(start=None, msg=False, timeLimit=time_limit_s, gapRel=0.0))
     h = prob.solverModel
-    solved = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-    if solved and gap_abs <= 0:
+    if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
         return True, float(pulp.value(prob.objective) or 0.0)
     dual = h.getInfo().mip_dual_bound
     if dual is None or not (dual == dual) or dual in (float("inf"), float("-inf")):
         return False, None
-    return solved, max(0.0, float(dual))
+    return False, max(0.0, float(dual))
 
 
-def _window_program(graph: Graph, rows: list[ConflictRow], closures: bool = True) -> pulp.LpProblem | None:
+def _window_program(graph: Graph, rows: list[ConflictRow]) -> pulp.LpProblem | None:
     """The covering program with windows: it also counts values that must be computed three times.
 
     Per row x, r[v, x] says v is resident at x's first computation (T_x); e[v] counts v's extra computations.
@@ -153,14 +150,13 @@ def _window_program(graph: Graph, rows: list[ConflictRow], closures: bool = True
     T_x1 < T_x2): an input u of x2 in V(x1) that is absent at T_x1 is computed between T_x1 and T_x2 (w[u] = 1),
     and so is each input z of such a value unless z is resident at T_x1 (w[z] >= w[u] - r[z, x1], up the
     ancestors). A value computed in that window, absent at T_x2 and read after x2, is computed three times:
-    before T_x1, in the window, after T_x2 (e[z] >= w[z] + 1 - r[z, x2]). With `closures`, every row also gets
-    its recomputation closure (solvers.bounds.row_program). None when neither adds anything.
+    before T_x1, in the window, after T_x2 (e[z] >= w[z] + 1 - r[z, x2]). None when no window applies.
     """
     recomputable = [nd.recomputable for nd in graph.nodes]
     by_node = {row.node: row for row in rows}
     program = RowProgram(graph, "forced_recomputation_windows")
     for row in rows:
-        program.add_row(row, closure=closures)
+        program.add_row(row, closure=False)
     prob = program.prob
     windows = 0
     _, desc = ancestor_masks(graph)
@@ -202,7 +198,7 @@ def _window_program(graph: Graph, rows: list[ConflictRow], closures: bool = True
                     prob += program.extra(z) >= w[z] + 1 - program.resident(z, x2)
                 else:
                     prob += program.extra(z) >= w[z]
-    if not windows and not closures:
+    if not windows:
         return None
     return program.finish()
 
@@ -257,7 +253,7 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
     bound = float(sum(costs[v] for v in chosen)) if proven else value
     larger = []
     if windows:
-        larger.append(lambda: _window_program(graph, rows, closures=False))
+        larger.append(lambda: _window_program(graph, rows))
     if closures:
         # apart from the windows: together they took seconds more on the Checkmate graphs and lifted nothing
         larger.append(lambda: closure_program(graph, rows))

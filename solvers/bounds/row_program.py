@@ -74,22 +74,20 @@ class RowProgram:
         self.rows: dict[int, ConflictRow] = {}
         self.size = [int(b) for b in graph.sizes]
         self.recomputable = [nd.recomputable for nd in graph.nodes]
-        self.variables = 0
 
     def extra(self, v: int):
         if v not in self.e:
             self.e[v] = self.prob.add_variable(f"e_{v}", 0, 2, self.kinds[0])
-            self.variables += 1
         return self.e[v]
 
     def resident(self, v: int, x: int):
         if (v, x) not in self.r:
             self.r[v, x] = self.prob.add_variable(f"r_{v}_{x}", 0, 1, self.kinds[1])
-            self.variables += 1
         return self.r[v, x]
 
     def free_at(self, row: ConflictRow) -> set[int]:
-        """Values resident at the row's time in every case, or of no size: the closure does not go through them."""
+        """Values resident at the row's time in every case (its node, that node's inputs, the pinned values): the
+        closure does not go through them, nor through values of no size."""
         x = row.node
         return {x, *self.graph.inputs[x], *row.pinned}
 
@@ -107,7 +105,6 @@ class RowProgram:
         def again(z: int):
             if z not in a:
                 a[z] = self.prob.add_variable(f"a_{z}_{x}", 0, 1)
-                self.variables += 1
                 self.prob += self.extra(z) >= a[z]
             return a[z]
 
