@@ -406,8 +406,9 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     # a schedule that recomputes a secondary output may have to be solved again with it pinned (below): keep time
     # for that second solve inside the limit
     first_limit = time_limit_s * FIRST_SOLVE_SHARE if sources else time_limit_s
+    keep_all = _keep_all_if_it_fits(traced, loss_bytes, budget_bytes) if solver == "auto" else None
     try:
-        result = solve(graph, budget_bytes, solver, time_limit_s=first_limit)
+        result = keep_all or solve(graph, budget_bytes, solver, time_limit_s=first_limit)
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
@@ -453,6 +454,20 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                     traced, loss_bytes, [graph.labels[v] for v in result.schedule.computes]),
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
+
+
+def _keep_all_if_it_fits(traced, loss_bytes: int, budget_bytes: int) -> SolveResult | None:
+    """The schedule that keeps every value, if what the executor holds for it fits the budget: it computes every
+    node once, so no schedule costs less. The solver graph counts a multi-output op's secondary outputs twice (to
+    keep recomputations within the peak); without recomputation they are counted once, so this finds the budgets
+    between the two peaks, where a solver on that graph would recompute for nothing."""
+    if not secondary_outputs(traced):
+        return None  # the solver graph is exact, and auto tries this schedule on it first itself
+    exact = solver_graph(traced, set(), loss_bytes)
+    try:
+        return dataclasses.replace(solve(exact, budget_bytes, "checkpoint_all"), solver="auto (checkpoint_all)")
+    except InfeasibleBudgetError:
+        return None
 
 
 FIRST_SOLVE_SHARE = 0.75  # of plan()'s time limit, for the first solve of a graph with secondary outputs

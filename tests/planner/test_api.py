@@ -191,3 +191,29 @@ def test_a_gradient_reaching_an_output_that_needs_none_is_ignored_as_in_eager():
     loss_fn = lambda out: out[0].sum() + out[1].sum()  # noqa: E731
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=5, loss_fn=loss_fn)
     assert_same_state(step_state(p.apply(model), x, loss_fn, seed=1), step_state(eager, x, loss_fn, seed=1))
+
+
+def test_a_budget_the_no_recomputation_schedule_meets_gets_it():
+    """The solver graph counts a multi-output op's secondary outputs twice (BatchNorm's statistics, max-pool's
+    indices), so its keep-everything peak is above what the executor holds. A budget between the two gets the
+    keep-everything schedule (no schedule costs less), not a recomputation; one byte less does not."""
+    from fractions import Fraction
+
+    from planner.api import _keep_all_if_it_fits
+
+    usable_registry()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10)).train()
+    x = torch.randn(4, 3, 16, 16)
+    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+    keep_all = full.predicted_peak_bytes
+    conservative = reference_peak_bytes(solver_graph(full.traced, None))
+    assert conservative > keep_all  # the case this test is about
+    p = plan(model, x, Fraction(keep_all, GB), cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S)
+    assert p.overhead == 0 and p.predicted_peak_bytes == keep_all and p.solver == "auto (checkpoint_all)"
+    assert _keep_all_if_it_fits(full.traced, 0, keep_all) is not None
+    assert _keep_all_if_it_fits(full.traced, 0, keep_all - 1) is None
+    assert_same_state(step_state(p.apply(copy.deepcopy(model)), x, seed=3), eager_state(model, x, seed=3))
