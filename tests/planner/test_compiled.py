@@ -139,3 +139,35 @@ def test_a_compiled_step_updates_batchnorm_buffers_inside_its_forward(monkeypatc
     assert copies == [n_updated]  # one in-graph copy per BatchNorm buffer
     for name, b in want[1].items():
         assert torch.allclose(got[1][name].double(), b.double(), rtol=1e-5, atol=1e-6), name
+
+
+def test_pointwise_stash_values_are_rebuilt_in_the_compiled_backward(monkeypatch):
+    """A BatchNorm+ReLU output the eager backward reads stashed is rebuilt by the compiled backward from the
+    BatchNorm's input, statistics and parameters (all stashed or resident anyway): the forward stops returning it,
+    the measured peak is no higher, and the gradients are those of the step that stashes it."""
+    import planner.compiled as compiled
+    from tests.models import make_cnn
+
+    usable_registry()
+    model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
+    p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+    inner = compiled.rebuild_pointwise_stash
+    moved = []
+
+    def spy(*args):
+        got = inner(*args)
+        moved.append(got.moved)
+        return got
+
+    monkeypatch.setattr(compiled, "rebuild_pointwise_stash", spy)
+    rebuilt = p.apply(copy.deepcopy(model), compile=True)
+    got = step_state(rebuilt, x, seed=5)
+    assert moved and any(name.startswith(("relu", "alias")) for name in moved[0]), moved
+    low = allocator_peak_bytes(rebuilt, x)
+    monkeypatch.setattr(compiled, "REBUILD_POINTWISE", False)
+    stashed = p.apply(copy.deepcopy(model), compile=True)
+    want = step_state(stashed, x, seed=5)
+    assert low <= allocator_peak_bytes(stashed, x)
+    assert relative_difference(got[0], want[0]) < 1e-5
+    eager = step_state(copy.deepcopy(model), x, seed=5)
+    assert relative_difference(got[0], eager[0]) < 1e-5
