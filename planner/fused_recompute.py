@@ -115,7 +115,7 @@ def rebuild_pointwise_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModu
         if isinstance(v, torch.fx.Node) and v not in ph_of:
             ph_of[v] = b_phs[k]
     params = {ph for i, ph in enumerate(f_phs) if i not in written_primals}
-    removed: set[int] = set()
+    removed: set[int] = set()  # backward inputs no longer read (their values are rebuilt)
     extra: dict[torch.fx.Node, torch.fx.Node] = {}  # forward input -> the backward's new input for it
     moved: list[str] = []
     for k in range(n_stash):
@@ -123,8 +123,9 @@ def rebuild_pointwise_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModu
         ph = b_phs[k]
         if not isinstance(v, torch.fx.Node) or not ph.users or ph_of.get(v) is not ph or v in params:
             continue
-        stashed = {n for n, p in ph_of.items() if n is not v and b_phs.index(p) not in removed}
-        if any(_root(n) is _root(v) for n in stashed):
+        stashed = set(ph_of) - {v}
+        root = _root(v)
+        if any(_root(n) is root for n in stashed):
             continue  # another stashed value holds its storage: rebuilding it frees nothing
         # a node that a stashed value is a reshape of is rebuilt from that value
         reshaped: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -132,7 +133,7 @@ def rebuild_pointwise_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModu
             src = n
             while src.op == "call_function" and src.target in _RESHAPES and isinstance(src.args[0], torch.fx.Node):
                 src = src.args[0]
-                if src not in stashed and src is not _root(v):
+                if src not in stashed and src is not root:
                     reshaped.setdefault(src, n)
         found = _sources(v, stashed, reshaped, params)
         if found is None:
@@ -140,15 +141,15 @@ def rebuild_pointwise_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModu
         ops, sources = found
         b_order = {n: i for i, n in enumerate(b_gm.graph.nodes)}
         first_read = min(b_order[u] for u in ph.users)
-        held = [ph_of[s] for s in sources if s in stashed] + [ph_of[reshaped[s]] for s in sources if s in reshaped
-                                                              and s not in stashed]
+        # sources are stashed values, reshapes of them (never stashed themselves) or parameters
+        held = [ph_of[s] for s in sources if s in stashed] + [ph_of[reshaped[s]] for s in sources if s in reshaped]
         if any(not p.users or max(b_order[u] for u in p.users) < first_read for p in held):
             continue  # the rebuild would hold a stashed value past its last reader
         env: dict[torch.fx.Node, torch.fx.Node] = {}
         for s in sources:
             if s in stashed:
                 env[s] = ph_of[s]
-            elif s in params and s not in stashed:
+            elif s in params:
                 if s not in extra:
                     with b_gm.graph.inserting_after(b_phs[n_stash - 1]):
                         new = b_gm.graph.placeholder(f"primal_{f_phs.index(s)}")
@@ -165,18 +166,20 @@ def rebuild_pointwise_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModu
                 env[op] = b_gm.graph.node_copy(op, lambda a: env[a])
         ph.replace_all_uses_with(env[v])
         removed.add(k)
+        del ph_of[v]
         values[first_stash + stash_positions[k]] = None
         moved.append(v.name)
     if not removed:
         return Rebuilt(list(range(n_stash)), [], [])
     for k in sorted(removed, reverse=True):
         b_gm.graph.erase_node(b_phs[k])
-    # the extra inputs were inserted after the last stash input in reverse order of creation; put them in order
     extra_primals = [f_phs.index(s) for s in extra]
     values.extend(extra)
     out.args = (type(out.args[0])(values),)
     f_gm.graph.eliminate_dead_code()
     f_gm.recompile()
+    # the extra inputs were each inserted right after the last stash input (so in reverse order of creation):
+    # put them in creation order, before the tangents
     _order_placeholders(b_gm, [extra[s] for s in extra], b_phs[n_stash:])
     b_gm.graph.lint()
     b_gm.recompile()
