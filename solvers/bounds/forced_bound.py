@@ -195,9 +195,9 @@ def _window_program(graph: Graph, rows: list[ConflictRow]) -> pulp.LpProblem | N
                         prob += w[z] + program.resident(z, x1) >= w[u]
             for z in closure:
                 if z in members2:
-                    prob += program.extra(z) >= w[z] + 1 - program.resident(z, x2)
+                    prob += program.extra(z, x2) >= w[z] + 1 - program.resident(z, x2)
                 else:
-                    prob += program.extra(z) >= w[z]
+                    prob += program.extra(z, x2) >= w[z]
     if not windows:
         return None
     return program.finish()

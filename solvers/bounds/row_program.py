@@ -23,6 +23,7 @@ valid bound; `undominated` drops rows whose members are a subset of another row'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import pulp
 
@@ -64,21 +65,34 @@ def undominated(rows: list[ConflictRow]) -> list[ConflictRow]:
 class RowProgram:
     """The program of the module docstring, built row by row (the window rows of forced_bound add to it)."""
 
-    def __init__(self, graph: Graph, name: str, relaxed: bool = False):
-        """relaxed: the linear relaxation (every variable continuous), a weaker bound that solves much faster."""
+    def __init__(self, graph: Graph, name: str, relaxed: bool = False,
+                 gap_of: Callable[[int, int], int] | None = None):
+        """relaxed: the linear relaxation (every variable continuous), a weaker bound that solves much faster.
+        gap_of(v, x): where the order of computations is known (solvers.bounds.order_bound), the interval of v's
+        life that x's first computation falls in; a value absent in two intervals is computed in each, so it pays
+        once per interval (e[v, gap], 0 or 1) instead of once in all (e[v])."""
         self.graph = graph
+        self.gap_of = gap_of
         self.kinds = (pulp.LpContinuous,) * 2 if relaxed else (pulp.LpInteger, pulp.LpBinary)
         self.prob = pulp.LpProblem(name, pulp.LpMinimize)
-        self.e: dict[int, object] = {}  # extra computations of a value
+        self.e: dict = {}  # extra computations of a value (key v), or of a value in one interval (key (v, gap))
         self.r: dict[tuple[int, int], object] = {}  # (value, row node) -> resident at the row's time
         self.rows: dict[int, ConflictRow] = {}
         self.size = [int(b) for b in graph.sizes]
         self.recomputable = [nd.recomputable for nd in graph.nodes]
 
-    def extra(self, v: int):
-        if v not in self.e:
-            self.e[v] = self.prob.add_variable(f"e_{v}", 0, 2, self.kinds[0])
-        return self.e[v]
+    def key(self, v: int, x: int):
+        """The key in `e` of v's extra computations that its absence at x's first computation pays for."""
+        return v if self.gap_of is None else (v, self.gap_of(v, x))
+
+    def extra(self, v: int, x: int):
+        k = self.key(v, x)
+        if k not in self.e:
+            if self.gap_of is None:
+                self.e[k] = self.prob.add_variable(f"e_{v}", 0, 2, self.kinds[0])
+            else:
+                self.e[k] = self.prob.add_variable(f"e_{v}_{k[1]}", 0, 1, self.kinds[0])
+        return self.e[k]
 
     def resident(self, v: int, x: int):
         if (v, x) not in self.r:
@@ -96,7 +110,7 @@ class RowProgram:
         self.rows[x] = row
         members = set(row.members)
         for v in row.members:
-            self.prob += self.extra(v) + self.resident(v, x) >= 1
+            self.prob += self.extra(v, x) + self.resident(v, x) >= 1
         if not closure:
             return
         free = self.free_at(row)
@@ -105,7 +119,7 @@ class RowProgram:
         def again(z: int):
             if z not in a:
                 a[z] = self.prob.add_variable(f"a_{z}_{x}", 0, 1)
-                self.prob += self.extra(z) >= a[z]
+                self.prob += self.extra(z, x) >= a[z]
             return a[z]
 
         def needed(u: int):
@@ -137,5 +151,5 @@ class RowProgram:
             if terms:
                 self.prob += pulp.lpSum(c * var for var, c in terms) <= self.rows[x].room_bytes
         costs = self.graph.costs
-        self.prob += pulp.lpSum(float(costs[v]) * var for v, var in self.e.items())
+        self.prob += pulp.lpSum(float(costs[k if self.gap_of is None else k[0]]) * var for k, var in self.e.items())
         return self.prob

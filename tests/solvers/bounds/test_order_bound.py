@@ -11,8 +11,9 @@ from graphs.schedule import Schedule
 from graphs.simulate import reference_peak_bytes
 from solvers.base import solve, solver_names
 from solvers.bounds.forced_bound import _solve_program, forced_recompute_bound
-from solvers.bounds.order_bound import in_program_order, order_bound, order_rows
-from solvers.bounds.row_program import RowProgram, undominated
+from solvers.bounds.order_bound import (in_program_order, life_intervals, order_bound, order_rows,
+                                        undominated_in_order)
+from solvers.bounds.row_program import RowProgram
 from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
 from tests.solvers.bounds.strategies import oracle_graphs
 
@@ -39,8 +40,13 @@ def test_bound_never_exceeds_the_best_program_order_schedule(graph, frac):
         every = forced_recompute_bound(graph, budget, windows=False, time_limit_s=None)
     except InfeasibleBudgetError:
         return
-    # its rows hold all the values the bound for every schedule counts, and more
-    assert ob.lower_bound_cost >= every.lower_bound_cost * (1 - 1e-9) - 1e-9
+    # its rows hold all the values the bound for every schedule counts, and more (every row: a row left out as
+    # implied by another may have had a larger closure, e.g. with_random_ops(random_dag(6, 91533, retain_prob=0.0), 0)
+    # at 0.5, where the two rows of one member differ in whether that member's input is resident anyway)
+    full = order_bound(graph, budget, time_limit_s=None, prune_rows=False)
+    if best is not None:
+        assert full.lower_bound_cost <= best[0] * (1 + 1e-9) + 1e-9
+    assert full.lower_bound_cost >= every.lower_bound_cost * (1 - 1e-9) - 1e-9
 
 
 def test_a_value_read_by_a_later_branch_counts_in_program_order():
@@ -54,13 +60,29 @@ def test_a_value_read_by_a_later_branch_counts_in_program_order():
     assert ob.lower_bound_cost == g.total_cost + 5.0 == optimal_cost(g, 8, program_order=True)[0]
 
 
+def test_a_value_absent_between_two_pairs_of_its_readers_pays_twice():
+    # b is read by e and by k; c (then d) and g (then h) are too large to sit beside it, so in program order b is
+    # absent while c and while g run, and is computed again before e and again before k: three computations
+    # (a, one byte, stays). One extra computation per value, wherever it is absent, counts b's second only.
+    spec = [("a", 1, 1, ()), ("b", 4, 5, (0,)), ("c", 1, 8, (0,)), ("d", 1, 1, (2,)), ("e", 1, 1, (1, 3)),
+            ("g", 1, 8, (4,)), ("h", 1, 1, (5,)), ("k", 1, 1, (1, 6))]
+    g = Graph(tuple(Node(i, name, float(cost), size, ins) for i, (name, cost, size, ins) in enumerate(spec)))
+    best = optimal_cost(g, 12, program_order=True)[0]
+    assert best == g.total_cost + 8.0
+    assert order_bound(g, 12, time_limit_s=None).lower_bound_cost == best
+    once = RowProgram(g, "once per value")
+    for row in order_rows(g, 12):
+        once.add_row(row)
+    assert _solve_program(once.finish(), None) == (True, 4.0)
+
+
 def test_rounds_of_rows_reach_the_program_over_every_row():
-    # a decoder-shaped training graph of 4 layers has dozens of undominated rows; the rounds solve a few of them
+    # a decoder-shaped training graph of 4 layers has dozens of binding rows; the rounds solve a few of them
     # and must end at the optimum of the program over all of them
     g = decoder_training_graph(4, seed=1, seq=64, width=32, heads=2)
     budget = int(0.4 * reference_peak_bytes(g))
-    rows = undominated(order_rows(g, budget))
-    program = RowProgram(g, "all_rows")
+    rows = undominated_in_order(order_rows(g, budget), life_intervals(g))
+    program = RowProgram(g, "all_rows", gap_of=life_intervals(g))
     for row in rows:
         program.add_row(row)
     proven, value = _solve_program(program.finish(), None)
