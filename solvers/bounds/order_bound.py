@@ -12,11 +12,16 @@ the bound for every schedule cannot count. The rows and their recomputation clos
 solvers.bounds.row_program. The order also splits each value's life into intervals between its readers' first
 computations (`life_intervals`): a value absent at a row's time is computed again before its next reader's first
 computation, so within the interval that time falls in, and a value absent in two intervals is computed twice
-more. The program pays per interval (traced GPT-2 at 40 % of its peak: 26.89 % -> 29.87 % recomputation).
+more. The program pays per interval (traced GPT-2 at 40 % of its peak: 26.89 % -> 29.87 % recomputation). Within
+one interval, a value can still be computed twice more: absent at a row x1, computed again for the recomputation
+of an absent member that a reader before row x2 needs, and absent again at x2 (RowProgram.add_second_computations;
+the MLP's first matmul of a ViT, read by the GELU recomputed for its backward and by the GELU's backward; with it,
+GPT-2 at 40 % 31.51 %).
 
 Graphs of many hundreds of nodes have hundreds of rows, each with a closure over most of the forward pass, too
 large to solve at once. The program is solved on a few rows, the most overfull first; the rows its solution
-violates (checked by a greedy assignment, which proves a row satisfied when it succeeds) are added, and again
+violates (checked by a greedy assignment, which proves a row satisfied when it succeeds, with the values it would
+have to keep for want of a second computation kept) are added, and again
 until none is violated or the time is up: first its linear relaxation (rounded to check the rows), then the
 integer program. Each round's optimum, or its dual bound when the time runs out, is a bound: its rows are a
 subset of all of them, and a relaxation only lowers an optimum.
@@ -128,9 +133,10 @@ class _AbsentAt:
 
     def __init__(self, program: RowProgram, chosen_keys: set, x: int):
         self.program, self.chosen, self.x = program, chosen_keys, x
+        self.kept: set[int] = set()  # resident at x all the same (else a second computation, not paid)
 
     def __contains__(self, v: int) -> bool:
-        return self.program.key(v, self.x) in self.chosen
+        return v not in self.kept and self.program.key(v, self.x) in self.chosen
 
 
 def _excess(graph: Graph, row: ConflictRow, again: set[int] | _AbsentAt, free: set[int]) -> int:
@@ -158,12 +164,14 @@ def _excess(graph: Graph, row: ConflictRow, again: set[int] | _AbsentAt, free: s
 
 
 def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = 10.0,
-                prune_rows: bool = True) -> OrderBound | None:
+                prune_rows: bool = True, second_computations: bool = True) -> OrderBound | None:
     """The bound of the module docstring (total cost), or None if not even the first round is solved in time.
 
     prune_rows: leave out rows another row implies, up to their closures (`undominated_in_order`): fewer rows,
     faster rounds (traced BERT at 60 %: 4 s gives 15.08 % with them left out, 14.60 % with every row), and a bound
-    that may miss what a left-out row's closure adds."""
+    that may miss what a left-out row's closure adds.
+    second_computations: with RowProgram.add_second_computations on each round's rows (traced GPT-2 at 40 % of
+    its peak: 29.87 % -> 31.51 % recomputation; ViT at 60 %: 13.75 % -> 14.11 %)."""
     from solvers.bounds.forced_bound import _solve_program
 
     t0 = time.perf_counter()
@@ -176,6 +184,7 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     rows = undominated_in_order(all_rows, gap_of) if prune_rows else all_rows
     if not rows:
         return OrderBound(base, True, 0, 0)
+    users = [sorted(u) for u in graph.users]
     overflow = {row.node: sum(int(graph.sizes[v]) for v in row.members) - row.room_bytes for row in rows}
     active = sorted(rows, key=lambda row: -overflow[row.node])[:FIRST_ROWS]
     best: float | None = None
@@ -186,6 +195,8 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
             program = RowProgram(graph, "program_order_bound", relaxed=relaxed, gap_of=gap_of)
             for row in active:
                 program.add_row(row)
+            if second_computations:
+                program.add_second_computations(users)
             prob = program.finish()
             left = None if deadline is None else max(0.2, deadline - time.perf_counter())
             proven, value = _solve_program(prob, left)
@@ -203,6 +214,8 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
             for row in rows:
                 if row.node not in chosen:
                     again = _AbsentAt(program, chosen_keys, row.node)
+                    if second_computations:
+                        again.kept = program.kept_for_a_second_computation(users, row, chosen_keys)
                     excess = _excess(graph, row, again, program.free_at(row))
                     if excess > 0:
                         violated.append((excess, row))

@@ -141,6 +141,53 @@ class RowProgram:
                     seen.add(z)
                     stack.append(z)
 
+    def second_computation_pairs(self, users: list[list[int]], later: dict[int, ConflictRow] | None = None):
+        """(x1, u, z, x2, gap) for add_second_computations: u an absent-able member of row x1 whose next reader y
+        comes no later than x2, z an input of u that is a member of both rows (not resident at x1 anyway), in the
+        same interval `gap` of its life at both. x2 ranges over this program's rows, or over `later`."""
+        assert self.gap_of is not None
+        rows2 = self.rows if later is None else later
+        members2 = {x: set(row.members) for x, row in rows2.items()}
+        for x1, row1 in self.rows.items():
+            free1 = self.free_at(row1)
+            members1 = set(row1.members)
+            for u in row1.members:
+                gu = self.gap_of(u, x1)
+                if gu >= len(users[u]):
+                    continue
+                y = users[u][gu]  # u's next reader: u is computed again before it
+                for z in dict.fromkeys(self.graph.inputs[u]):
+                    if z in free1 or z not in members1 or not self.size[z]:
+                        continue
+                    g = self.gap_of(z, x1)
+                    for x2, m2 in members2.items():
+                        if x2 > x1 and x2 >= y and z in m2 and self.gap_of(z, x2) == g:
+                            yield x1, u, z, x2, g
+
+    def add_second_computations(self, users: list[list[int]]) -> int:
+        """Where the order is known (gap_of): a value z absent at row x1 and needed there by the recomputation of an
+        absent member u of x1 (which comes before u's next reader y, so before any row x2 >= y), then absent again at
+        a row x2 in the same interval of z's life, is computed twice in that interval: once between x1 and u's
+        recomputation, once after x2. Adds those rows (a second variable per value and interval, key (z, gap, 2) in
+        `e`); returns how many."""
+        added = 0
+        for x1, u, z, x2, g in self.second_computation_pairs(users):
+            if (z, g, 2) not in self.e:
+                self.e[z, g, 2] = self.prob.add_variable(f"e2_{z}_{g}", 0, 1, self.kinds[0])
+            self.prob += self.e[z, g, 2] >= 1 - self.resident(u, x1) - self.resident(z, x1) - self.resident(z, x2)
+            added += 1
+        return added
+
+    def kept_for_a_second_computation(self, users: list[list[int]], row: ConflictRow, chosen: set) -> set[int]:
+        """The values the solved program would have to keep resident at `row` (not one of its rows) or pay a second
+        computation for (add_second_computations, with the row added), where that second one is not paid yet:
+        `chosen` holds the keys of `e` the solution sets."""
+        def resident(v, x):
+            return (self.r[v, x].varValue or 0.0) > 0.5
+
+        return {z for x1, u, z, _, g in self.second_computation_pairs(users, {row.node: row})
+                if not resident(u, x1) and not resident(z, x1) and (z, g, 2) not in chosen}
+
     def finish(self) -> pulp.LpProblem:
         """Adds the memory rows and the objective; returns the problem."""
         by_row: dict[int, list[int]] = {}
