@@ -4,7 +4,8 @@ Plan (every step replayed by the simulator through solvers.base.solve):
 1. checkpoint_all: if it fits, no schedule can cost less (every node must run once): done.
 2. the forced-recomputation bound (solvers.bounds.forced_bound), a lower bound valid for every schedule; then fast
    heuristics (Chen greedy, DTR in two scores, the lowest-memory rebuild) give an incumbent and a fallback, and
-   a few seconds of randomly perturbed eviction rollouts (`rollout_search`) improve it where DTR's rollout fits.
+   a few seconds of randomly perturbed eviction rollouts (`rollout_search`) improve it where DTR's rollout fits,
+   and find schedules where it gets stuck.
    When none of them fits, the subgraph relaxation (solvers.bounds.subgraph_bound) may prove that no schedule of any
    kind does: auto then raises at once (resnet50 at 0.1 x reference: 3 s instead of the whole limit).
    The block-chain program (`block_dp`, solvers.exact.block_dp), where the graph splits into blocks: first on graphs
@@ -215,9 +216,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if results and all(r.solver == "lowest_memory" for r in results):
         # only the minimum-memory rebuild fits: let it keep what it can (resnet50 at 0.108: 1477 % -> 137 %)
         attempt("lowest_memory", remaining(), improve_s=min(LOWEST_MEMORY_IMPROVE_S, 0.3 * remaining()))
-    if not proven() and any(r.solver in ("dtr", "dtr_local") for r in results) and remaining() > 0:
-        # the rollouts fit this budget: perturbing their choices finds cheaper schedules (segnet at its smallest
-        # budget: DTR's 47.97 % becomes ~46 % in a second), a better start for the exact solvers
+    if not proven() and remaining() > 0:
+        # perturbing the rollouts' choices finds cheaper schedules where they fit (segnet at its smallest budget:
+        # DTR's 47.97 % becomes ~46 % in a second), a better start for the exact solvers; and schedules where they
+        # get stuck (traced BERT at 40 % with op costs drawn again within 30 %: DTR stuck on three of six draws,
+        # perturbed rollouts 52-53 % in 2 s, the eviction heuristic alone 86-99 %)
         share = ROLLOUT_SEARCH_SHARE if big else ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT
         attempt("rollout_search", min(ROLLOUT_SEARCH_S, share * remaining()), stop_at_cost=forced)
     if has_blocks and not big and not proven() and remaining() > 0:

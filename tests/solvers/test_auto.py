@@ -130,6 +130,20 @@ def test_auto_runs_the_perturbed_rollouts_where_dtr_fits(bench_dir):
         assert g.total_cost <= res.lower_bound_cost <= res.total_cost + 1e-6
 
 
+def test_auto_runs_the_perturbed_rollouts_where_dtr_gets_stuck():
+    # both DTR scores get stuck at this budget, and perturbed rollouts find schedules (a few dozen rollouts in,
+    # milliseconds: test_rollout_search covers what they find under a cap); auto must try them all the same
+    # (on traced BERT at 40 % they turned 84-99 % into 37-39 % where DTR got stuck)
+    g = random_training_graph(12, 9)
+    budget = int(0.5 * reference_peak_bytes(g))
+    for name in ("dtr", "dtr_local"):
+        with pytest.raises((InfeasibleBudgetError, NoSolutionInTimeError)):
+            solve(g, budget, name, time_limit_s=5)
+    res = solve(g, budget, "auto", time_limit_s=20)
+    assert "rollout_search" in {t["solver"] for t in res.info["tried"]}
+    assert res.peak_bytes <= budget
+
+
 @pytest.mark.parametrize("frac", [0.5])
 def test_auto_on_a_large_block_graph_uses_the_block_program_and_beats_the_dtr_baselines(frac):
     from graphs.generate import decoder_training_graph
