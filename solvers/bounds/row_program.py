@@ -62,6 +62,9 @@ def undominated(rows: list[ConflictRow]) -> list[ConflictRow]:
     return keep
 
 
+CHAIN_DEPTH = 4  # values on a chain of RowProgram.second_computation_chains, its two ends included
+
+
 class RowProgram:
     """The program of the module docstring, built row by row (the window rows of forced_bound add to it)."""
 
@@ -80,6 +83,7 @@ class RowProgram:
         self.rows: dict[int, ConflictRow] = {}
         self.size = [int(b) for b in graph.sizes]
         self.recomputable = [nd.recomputable for nd in graph.nodes]
+        self._chains = None  # second_computation_chains, once every row is in
 
     def key(self, v: int, x: int):
         """The key in `e` of v's extra computations that its absence at x's first computation pays for."""
@@ -141,40 +145,69 @@ class RowProgram:
                     seen.add(z)
                     stack.append(z)
 
-    def second_computation_pairs(self, users: list[list[int]], later: dict[int, ConflictRow] | None = None):
-        """(x1, u, z, x2, gap) for add_second_computations: u an absent-able member of row x1 whose next reader y
-        comes no later than x2, z an input of u that is a member of both rows (not resident at x1 anyway), in the
-        same interval `gap` of its life at both. x2 ranges over this program's rows, or over `later`."""
+    def second_computation_chains(self, users: list[list[int]]) -> dict[int, list[tuple[int, int, tuple[int, ...]]]]:
+        """Per row x1 of the program, (z, y, chain) for add_second_computations: chain = (u, ..., z) is a path up the
+        inputs from a member u of x1 whose next reader is y, through values not resident at x1 anyway (recomputable,
+        of some size), to a member z of x1 (z included; up to CHAIN_DEPTH values, one path per (u, z)). If every
+        value on the chain is absent at x1, u is computed again before y, and with it each value on the chain, z
+        last: z is computed between x1 and y."""
         assert self.gap_of is not None
-        rows2 = self.rows if later is None else later
-        members2 = {x: set(row.members) for x, row in rows2.items()}
+        out: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
         for x1, row1 in self.rows.items():
             free1 = self.free_at(row1)
             members1 = set(row1.members)
+            found = out.setdefault(x1, [])
             for u in row1.members:
                 gu = self.gap_of(u, x1)
                 if gu >= len(users[u]):
                     continue
                 y = users[u][gu]  # u's next reader: u is computed again before it
-                for z in dict.fromkeys(self.graph.inputs[u]):
-                    if z in free1 or z not in members1 or not self.size[z]:
-                        continue
-                    g = self.gap_of(z, x1)
-                    for x2, m2 in members2.items():
-                        if x2 > x1 and x2 >= y and z in m2 and self.gap_of(z, x2) == g:
-                            yield x1, u, z, x2, g
+                parent = {u: None}
+                frontier = [u]
+                for _ in range(CHAIN_DEPTH - 1):
+                    nxt = []
+                    for w in frontier:
+                        for z in self.graph.inputs[w]:
+                            if z in parent or z in free1 or not self.size[z] or not self.recomputable[z]:
+                                continue
+                            parent[z] = w
+                            nxt.append(z)
+                            if z in members1:
+                                chain, c = [], z
+                                while c is not None:
+                                    chain.append(c)
+                                    c = parent[c]
+                                found.append((z, y, tuple(reversed(chain))))
+                    frontier = nxt
+        return out
+
+    def second_computation_pairs(self, users: list[list[int]], later: dict[int, ConflictRow] | None = None):
+        """(x1, chain, z, x2, gap): a chain of second_computation_chains at row x1 ending at z, and a row x2 (of this
+        program, or of `later`) after the chain's reader y, where z is a member in the same interval `gap` of its
+        life as at x1."""
+        rows2 = self.rows if later is None else later
+        members2 = {x: set(row.members) for x, row in rows2.items()}
+        if self._chains is None:
+            self._chains = self.second_computation_chains(users)
+        for x1, found in self._chains.items():
+            for z, y, chain in found:
+                g = self.gap_of(z, x1)
+                for x2, m2 in members2.items():
+                    if x2 > x1 and x2 >= y and z in m2 and self.gap_of(z, x2) == g:
+                        yield x1, chain, z, x2, g
 
     def add_second_computations(self, users: list[list[int]]) -> int:
-        """Where the order is known (gap_of): a value z absent at row x1 and needed there by the recomputation of an
-        absent member u of x1 (which comes before u's next reader y, so before any row x2 >= y), then absent again at
-        a row x2 in the same interval of z's life, is computed twice in that interval: once between x1 and u's
-        recomputation, once after x2. Adds those rows (a second variable per value and interval, key (z, gap, 2) in
-        `e`); returns how many."""
+        """Where the order is known (gap_of): a value z absent at row x1 and needed by the recomputation of an
+        absent member u of x1 (directly, or through other values absent there: a chain of
+        second_computation_chains), which comes before u's next reader y, so before any row x2 >= y; and absent
+        again at a row x2 in the same interval of z's life: z is computed twice in that interval, once between x1
+        and u's recomputation, once after x2. Adds those rows (a second variable per value and interval, key
+        (z, gap, 2) in `e`); returns how many."""
         added = 0
-        for x1, u, z, x2, g in self.second_computation_pairs(users):
+        for x1, chain, z, x2, g in self.second_computation_pairs(users):
             if (z, g, 2) not in self.e:
                 self.e[z, g, 2] = self.prob.add_variable(f"e2_{z}_{g}", 0, 1, self.kinds[0])
-            self.prob += self.e[z, g, 2] >= 1 - self.resident(u, x1) - self.resident(z, x1) - self.resident(z, x2)
+            self.prob += self.e[z, g, 2] >= 1 - pulp.lpSum(self.resident(w, x1) for w in chain) - self.resident(z, x2)
             added += 1
         return added
 
@@ -185,8 +218,8 @@ class RowProgram:
         def resident(v, x):
             return (self.r[v, x].varValue or 0.0) > 0.5
 
-        return {z for x1, u, z, _, g in self.second_computation_pairs(users, {row.node: row})
-                if not resident(u, x1) and not resident(z, x1) and (z, g, 2) not in chosen}
+        return {z for x1, chain, z, _, g in self.second_computation_pairs(users, {row.node: row})
+                if not any(resident(w, x1) for w in chain) and (z, g, 2) not in chosen}
 
     def finish(self) -> pulp.LpProblem:
         """Adds the memory rows and the objective; returns the problem."""

@@ -90,6 +90,21 @@ def test_a_value_needed_by_a_recomputation_and_absent_again_is_computed_a_third_
     assert order_bound(g, 9, time_limit_s=None, prune_rows=False).lower_bound_cost == best
 
 
+def test_a_second_computation_through_a_value_dead_at_the_row_counts(monkeypatch):
+    # as above, with w between z and u (read by u alone, so dead while c runs): u's recomputation needs w, which
+    # needs z; a chain of one value up from u does not reach z, one of up to CHAIN_DEPTH does
+    import solvers.bounds.row_program as row_program
+
+    spec = [("p", 1, 1, ()), ("z", 3, 3, (0,)), ("w", 1, 2, (1,)), ("u", 1, 3, (2,)), ("c", 1, 6, (0,)),
+            ("d", 1, 1, (4,)), ("y", 1, 1, (3, 5)), ("g", 1, 6, (6,)), ("h", 1, 1, (7,)), ("k", 1, 1, (1, 8))]
+    g = Graph(tuple(Node(i, name, float(cost), size, ins) for i, (name, cost, size, ins) in enumerate(spec)))
+    best = optimal_cost(g, 8, program_order=True)[0]
+    assert best == 20.0
+    assert order_bound(g, 8, time_limit_s=None, prune_rows=False).lower_bound_cost == best
+    monkeypatch.setattr(row_program, "CHAIN_DEPTH", 2)  # u and its inputs only
+    assert order_bound(g, 8, time_limit_s=None, prune_rows=False).lower_bound_cost == 17.0
+
+
 def test_rounds_of_rows_reach_the_program_over_every_row():
     # a decoder-shaped training graph of 4 layers has dozens of binding rows; the rounds solve a few of them
     # and must end at the optimum of the program over all of them
