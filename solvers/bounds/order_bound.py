@@ -96,20 +96,25 @@ def order_rows(graph: Graph, budget_bytes: int, deadline: float | None = None) -
     return rows
 
 
-def undominated_in_order(rows: list[ConflictRow], gap_of: Callable[[int, int], int]) -> list[ConflictRow]:
+def undominated_in_order(rows: list[ConflictRow], graph: Graph, deadline: float | None = None) -> list[ConflictRow]:
     """row_program.undominated, where a row implies another only if each of the other's members falls in the same
-    interval of its life at both (so that an absence at one is paid by the same variable as at the other). Their
-    closures may still differ (an input resident at one row's node only): leaving such a row out keeps the bound
-    valid, and may lower it."""
+    interval of its life at both (no reader of a member comes between the two rows), so that an absence at one is
+    paid by the same variable as at the other. Their closures may still differ (an input resident at one row's
+    node only): leaving such a row out keeps the bound valid, and may lower it. Past `deadline`, the rows not yet
+    examined are kept."""
     keep = []
     masks = [sum(1 << v for v in row.members) for row in rows]
+    readers = [np.array(sorted({u for v in row.members for u in graph.users[v]}), dtype=np.int64) for row in rows]
     for i, row in enumerate(rows):
+        if deadline is not None and i % 32 == 0 and time.perf_counter() > deadline:
+            return keep + rows[i:]
         dominated = False
         for j, row2 in enumerate(rows):
             if j == i or masks[i] & ~masks[j] or row.room_bytes < row2.room_bytes:
                 continue
-            if any(gap_of(v, row.node) != gap_of(v, row2.node) for v in row.members):
-                continue
+            lo, hi = sorted((row.node, row2.node))
+            if np.searchsorted(readers[i], hi, "right") != np.searchsorted(readers[i], lo, "right"):
+                continue  # a member is read between the two rows
             if masks[i] != masks[j] or row.room_bytes != row2.room_bytes or j < i:
                 dominated = True
                 break
@@ -179,7 +184,7 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     if all_rows is None:
         return OrderBound(float("inf"), True, 0, 0, fits=False)
     gap_of = life_intervals(graph)
-    rows = undominated_in_order(all_rows, gap_of) if prune_rows else all_rows
+    rows = undominated_in_order(all_rows, graph, deadline) if prune_rows else all_rows
     if not rows:
         return OrderBound(base, True, 0, 0)
     users = [sorted(u) for u in graph.users]
@@ -208,7 +213,7 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
             for row in active:
                 program.add_row(row)
             if users is not None:
-                program.add_second_computations(users)
+                program.add_second_computations(users, deadline)
             prob = program.finish()
             left = None if deadline is None else max(0.2, deadline - time.perf_counter())
             proven, value = _solve_program(prob, left)
@@ -222,12 +227,15 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
                 return best, False, active
             chosen_keys = {k for k, var in program.e.items() if (var.varValue or 0.0) > 0.5}
             chosen = {row.node for row in active}
+            unpaid = program.unpaid_second_computations(chosen_keys) if users is not None else {}
             violated = []
-            for row in rows:
+            for k, row in enumerate(rows):
+                if k % 64 == 0 and deadline is not None and time.perf_counter() > deadline:
+                    return best, False, active
                 if row.node not in chosen:
                     again = _AbsentAt(program, chosen_keys, row.node)
-                    if users is not None:
-                        again.kept = program.kept_for_a_second_computation(users, row, chosen_keys)
+                    if unpaid:
+                        again.kept = program.kept_for_a_second_computation(row, unpaid)
                     excess = _excess(graph, row, again, program.free_at(row))
                     if excess > 0:
                         violated.append((excess, row))

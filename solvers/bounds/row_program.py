@@ -22,6 +22,7 @@ valid bound; `undominated` drops rows whose members are a subset of another row'
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -145,18 +146,23 @@ class RowProgram:
                     seen.add(z)
                     stack.append(z)
 
-    def second_computation_chains(self, users: list[list[int]]) -> dict[int, list[tuple[int, int, tuple[int, ...]]]]:
-        """Per row x1 of the program, (z, y, chain) for add_second_computations: chain = (u, ..., z) is a path up the
-        inputs from a member u of x1 whose next reader is y, through values not resident at x1 anyway (recomputable,
-        of some size), to a member z of x1 (z included; up to CHAIN_DEPTH values, one path per (u, z)). If every
-        value on the chain is absent at x1, u is computed again before y, and with it each value on the chain, z
-        last: z is computed between x1 and y."""
+    def second_computation_chains(self, users: list[list[int]], deadline: float | None = None
+                                  ) -> list[tuple[int, int, int, tuple[int, ...], int]]:
+        """(x1, z, y, chain, gap) for add_second_computations: chain = (u, ..., z) is a path up the inputs from a
+        member u of row x1 whose next reader is y, through values not resident at x1 anyway (recomputable, of some
+        size), to a member z of x1 (z included; up to CHAIN_DEPTH values, one path per (u, z)); gap: the interval
+        of z's life x1 falls in. If every value on the chain is absent at x1, u is computed again before y, and
+        with it each value on the chain, z last: z is computed between x1 and y. Cached; stops at `deadline` with
+        the chains found so far (fewer chains only weaken the bound)."""
         assert self.gap_of is not None
-        out: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
+        if self._chains is not None:
+            return self._chains
+        out: list[tuple[int, int, int, tuple[int, ...], int]] = []
         for x1, row1 in self.rows.items():
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             free1 = self.free_at(row1)
             members1 = set(row1.members)
-            found = out.setdefault(x1, [])
             for u in row1.members:
                 gu = self.gap_of(u, x1)
                 if gu >= len(users[u]):
@@ -177,49 +183,57 @@ class RowProgram:
                                 while c is not None:
                                     chain.append(c)
                                     c = parent[c]
-                                found.append((z, y, tuple(reversed(chain))))
+                                out.append((x1, z, y, tuple(reversed(chain)), self.gap_of(z, x1)))
                     frontier = nxt
+        self._chains = out
         return out
 
-    def second_computation_pairs(self, users: list[list[int]], later: dict[int, ConflictRow] | None = None):
-        """(x1, chain, z, x2, gap): a chain of second_computation_chains at row x1 ending at z, and a row x2 (of this
-        program, or of `later`) after the chain's reader y, where z is a member in the same interval `gap` of its
-        life as at x1."""
-        rows2 = self.rows if later is None else later
-        members2 = {x: set(row.members) for x, row in rows2.items()}
-        if self._chains is None:
-            self._chains = self.second_computation_chains(users)
-        for x1, found in self._chains.items():
-            for z, y, chain in found:
-                g = self.gap_of(z, x1)
-                for x2, m2 in members2.items():
-                    if x2 > x1 and x2 >= y and z in m2 and self.gap_of(z, x2) == g:
-                        yield x1, chain, z, x2, g
+    def _applies(self, x1: int, z: int, y: int, g: int, x2: int) -> bool:
+        return x2 > x1 and x2 >= y and self.gap_of(z, x2) == g
 
-    def add_second_computations(self, users: list[list[int]]) -> int:
+    def add_second_computations(self, users: list[list[int]], deadline: float | None = None) -> int:
         """Where the order is known (gap_of): a value z absent at row x1 and needed by the recomputation of an
         absent member u of x1 (directly, or through other values absent there: a chain of
         second_computation_chains), which comes before u's next reader y, so before any row x2 >= y; and absent
         again at a row x2 in the same interval of z's life: z is computed twice in that interval, once between x1
         and u's recomputation, once after x2. Adds those rows (a second variable per value and interval, key
-        (z, gap, 2) in `e`); returns how many."""
+        (z, gap, 2) in `e`) until `deadline` (fewer rows only weaken the bound); returns how many."""
+        rows_with: dict[int, list[int]] = {}
+        for x, row in self.rows.items():
+            for v in row.members:
+                rows_with.setdefault(v, []).append(x)
         added = 0
-        for x1, chain, z, x2, g in self.second_computation_pairs(users):
-            if (z, g, 2) not in self.e:
-                self.e[z, g, 2] = self.prob.add_variable(f"e2_{z}_{g}", 0, 1, self.kinds[0])
-            self.prob += self.e[z, g, 2] >= 1 - pulp.lpSum(self.resident(w, x1) for w in chain) - self.resident(z, x2)
-            added += 1
+        for k, (x1, z, y, chain, g) in enumerate(self.second_computation_chains(users, deadline)):
+            if k % 256 == 0 and deadline is not None and time.perf_counter() > deadline:
+                break
+            for x2 in rows_with.get(z, ()):
+                if self._applies(x1, z, y, g, x2):
+                    if (z, g, 2) not in self.e:
+                        self.e[z, g, 2] = self.prob.add_variable(f"e2_{z}_{g}", 0, 1, self.kinds[0])
+                    self.prob += (self.e[z, g, 2] >= 1 - pulp.lpSum(self.resident(w, x1) for w in chain)
+                                  - self.resident(z, x2))
+                    added += 1
         return added
 
-    def kept_for_a_second_computation(self, users: list[list[int]], row: ConflictRow, chosen: set) -> set[int]:
-        """The values the solved program would have to keep resident at `row` (not one of its rows) or pay a second
-        computation for (add_second_computations, with the row added), where that second one is not paid yet:
-        `chosen` holds the keys of `e` the solution sets."""
+    def unpaid_second_computations(self, chosen: set) -> dict[int, list[tuple[int, int, int]]]:
+        """After solving: per value z, the (x1, y, gap) of the chains whose values the solution leaves all absent
+        at x1 while it pays no second computation of z in that interval (`chosen`: the keys of `e` it sets)."""
         def resident(v, x):
-            return (self.r[v, x].varValue or 0.0) > 0.5
+            var = self.r.get((v, x))
+            return var is not None and (var.varValue or 0.0) > 0.5
 
-        return {z for x1, chain, z, _, g in self.second_computation_pairs(users, {row.node: row})
-                if not any(resident(w, x1) for w in chain) and (z, g, 2) not in chosen}
+        out: dict[int, list[tuple[int, int, int]]] = {}
+        for x1, z, y, chain, g in self._chains or ():
+            if (z, g, 2) not in chosen and not any(resident(w, x1) for w in chain):
+                out.setdefault(z, []).append((x1, y, g))
+        return out
+
+    def kept_for_a_second_computation(self, row: ConflictRow, unpaid: dict[int, list[tuple[int, int, int]]]
+                                      ) -> set[int]:
+        """The members the solved program would have to keep resident at `row` (not one of its rows) or pay a
+        second computation for, were the row added (`unpaid`: unpaid_second_computations)."""
+        x2 = row.node
+        return {z for z in row.members if any(self._applies(x1, z, y, g, x2) for x1, y, g in unpaid.get(z, ()))}
 
     def finish(self) -> pulp.LpProblem:
         """Adds the memory rows and the objective; returns the problem."""

@@ -110,7 +110,7 @@ def test_rounds_of_rows_reach_the_program_over_every_row():
     # and must end at the optimum of the program over all of them
     g = decoder_training_graph(4, seed=1, seq=64, width=32, heads=2)
     budget = int(0.4 * reference_peak_bytes(g))
-    rows = undominated_in_order(order_rows(g, budget), life_intervals(g))
+    rows = undominated_in_order(order_rows(g, budget), g)
     program = RowProgram(g, "all_rows", gap_of=life_intervals(g))
     for row in rows:
         program.add_row(row)
