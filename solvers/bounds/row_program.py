@@ -19,6 +19,10 @@ values within the row's room. Inputs of x and x are resident at T anyway (they a
 the row's pinned values (non-recomputable members, counted in the room), and values of no size cost nothing: the
 closure stops there, which only loosens the program. Minimise sum cost[z] * e[z]. Any subset of the rows gives a
 valid bound; `undominated` drops rows whose members are a subset of another row's with no less room.
+
+Where the order of first computations is known (`gap_of`, from solvers.bounds.order_bound), e is kept per value and
+interval of its life between two readers (e[z, gap], 0 or 1), and `add_second_computations` adds a second one,
+e[z, gap, 2], where a recomputation needs z between two rows at which z is absent within one interval.
 """
 from __future__ import annotations
 
