@@ -38,7 +38,7 @@ import pulp
 
 from graphs.ir import Graph
 from graphs.schedule import OpKind, Schedule
-from solvers.bounds.row_program import ConflictRow, RowProgram
+from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
 
 FAMILY = ("program-order schedules: every node computed for the first time in the program's order (ascending ids), "
           "recomputations and frees anywhere (the Checkmate MILP's family, and every solver's here)")
@@ -102,43 +102,31 @@ def undominated_in_order(rows: list[ConflictRow], graph: Graph, deadline: float 
     paid by the same variable as at the other. Their closures may still differ (an input resident at one row's
     node only): leaving such a row out keeps the bound valid, and may lower it. Past `deadline`, the rows not yet
     examined are kept."""
-    keep = []
-    masks = [sum(1 << v for v in row.members) for row in rows]
     readers = [np.array(sorted({u for v in row.members for u in graph.users[v]}), dtype=np.int64) for row in rows]
-    for i, row in enumerate(rows):
-        if deadline is not None and i % 32 == 0 and time.perf_counter() > deadline:
-            return keep + rows[i:]
-        dominated = False
-        for j, row2 in enumerate(rows):
-            if j == i or masks[i] & ~masks[j] or row.room_bytes < row2.room_bytes:
-                continue
-            lo, hi = sorted((row.node, row2.node))
-            if np.searchsorted(readers[i], hi, "right") != np.searchsorted(readers[i], lo, "right"):
-                continue  # a member is read between the two rows
-            if masks[i] != masks[j] or row.room_bytes != row2.room_bytes or j < i:
-                dominated = True
-                break
-        if not dominated:
-            keep.append(row)
-    return keep
+
+    def no_reader_between(i: int, j: int) -> bool:
+        lo, hi = sorted((rows[i].node, rows[j].node))
+        return np.searchsorted(readers[i], hi, "right") == np.searchsorted(readers[i], lo, "right")
+
+    return undominated(rows, no_reader_between, deadline)
 
 
-def life_intervals(graph: Graph) -> Callable[[int, int], int]:
+def life_intervals(graph: Graph, users: list[list[int]] | None = None) -> Callable[[int, int], int]:
     """gap_of(v, x) for RowProgram: the number of v's readers that come before x in program order, which numbers
     the interval of v's life between two of its readers' first computations that x's first computation falls in
     (the last one runs to the end). A value absent at x's first computation is computed again before its next
     reader's first computation (or before the end, if it is retained), so within that interval: absences in two
     intervals are two computations."""
-    users = [sorted(u) for u in graph.users]
+    users = [sorted(u) for u in graph.users] if users is None else users  # (each node's readers, ascending)
     return lambda v, x: bisect.bisect_right(users[v], x)
 
 
 class _AbsentAt:
     """The values a solution of the program computes again after x's first computation (a set, for _excess)."""
 
-    def __init__(self, program: RowProgram, chosen_keys: set, x: int):
+    def __init__(self, program: RowProgram, chosen_keys: set, x: int, kept: set[int] = frozenset()):
         self.program, self.chosen, self.x = program, chosen_keys, x
-        self.kept: set[int] = set()  # resident at x all the same (else a second computation, not paid)
+        self.kept = kept  # resident at x all the same (else a second computation, not paid)
 
     def __contains__(self, v: int) -> bool:
         return v not in self.kept and self.program.key(v, self.x) in self.chosen
@@ -183,11 +171,11 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     base = float(graph.total_cost)
     if all_rows is None:
         return OrderBound(float("inf"), True, 0, 0, fits=False)
-    gap_of = life_intervals(graph)
+    users = [sorted(u) for u in graph.users]
+    gap_of = life_intervals(graph, users)
     rows = undominated_in_order(all_rows, graph, deadline) if prune_rows else all_rows
     if not rows:
         return OrderBound(base, True, 0, 0)
-    users = [sorted(u) for u in graph.users]
     overflow = {row.node: sum(int(graph.sizes[v]) for v in row.members) - row.room_bytes for row in rows}
     active = sorted(rows, key=lambda row: -overflow[row.node])[:FIRST_ROWS]
     outcome = _rounds(graph, rows, active, gap_of, users if second_computations else None, deadline)
@@ -233,9 +221,8 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
                 if k % 64 == 0 and deadline is not None and time.perf_counter() > deadline:
                     return best, False, active
                 if row.node not in chosen:
-                    again = _AbsentAt(program, chosen_keys, row.node)
-                    if unpaid:
-                        again.kept = program.kept_for_a_second_computation(row, unpaid)
+                    kept = program.kept_for_a_second_computation(row, unpaid) if unpaid else frozenset()
+                    again = _AbsentAt(program, chosen_keys, row.node, kept)
                     excess = _excess(graph, row, again, program.free_at(row))
                     if excess > 0:
                         violated.append((excess, row))

@@ -48,16 +48,24 @@ class ConflictRow:
     pinned: tuple[int, ...] = ()
 
 
-def undominated(rows: list[ConflictRow]) -> list[ConflictRow]:
+def undominated(rows: list[ConflictRow], may_imply: Callable[[int, int], bool] | None = None,
+                deadline: float | None = None) -> list[ConflictRow]:
     """The rows that no other row implies: a row whose members are a subset of another's, with at least its room,
     holds whenever that one does (for the plain program exactly; with closures the dropped row may have added a
-    little, and leaving a row out keeps the bound valid). Ties keep the first."""
+    little, and leaving a row out keeps the bound valid). Ties keep the first.
+
+    may_imply(i, j): a further condition for row j to imply row i (indices into `rows`); deadline: past it, the
+    rows not yet examined are kept."""
     masks = [sum(1 << v for v in row.members) for row in rows]
     keep = []
     for i, (m, row) in enumerate(zip(masks, rows)):
+        if deadline is not None and i % 32 == 0 and time.perf_counter() > deadline:
+            return keep + rows[i:]
         dominated = False
         for j, (m2, row2) in enumerate(zip(masks, rows)):
             if j == i or m & ~m2 or row.room_bytes < row2.room_bytes:
+                continue
+            if may_imply is not None and not may_imply(i, j):
                 continue
             if m != m2 or row.room_bytes != row2.room_bytes or j < i:
                 dominated = True
