@@ -202,8 +202,11 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
                 program.add_row(row)
             if users is not None:
                 program.add_second_computations(users, deadline)
+            if best is not None and deadline is not None and time.perf_counter() >= deadline:
+                return best, False, active  # a later round, built past the deadline: the earlier rounds' bound
             prob = program.finish()
-            left = None if deadline is None else max(0.2, deadline - time.perf_counter())
+            # the first round gets at least 0.2 s (without it there is no bound at all), a later one what is left
+            left = None if deadline is None else max(0.2 if best is None else 0.0, deadline - time.perf_counter())
             proven, value = _solve_program(prob, left)
             if prob.status == pulp.LpStatusInfeasible:
                 # even these rows admit no assignment: no program-order schedule fits (closures included: an
