@@ -13,7 +13,9 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    there: auto stops once it is the cheapest schedule and within `mip_gap` of its family's bound, reporting that
    bound; otherwise it goes on, skipping Chen's greedies and the lowest-memory fallback, which cost seconds there and
    lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
-3. the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
+3. where no schedule meets a bound yet, the program-order bound (solvers.bounds.order_bound); on training graphs too
+   large for CP-SAT, rollouts that evict first the values its solution recomputes (`rollout_search` with a prior);
+   then the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
 4. chain_dp, when the graph is a training chain.
 5. an exact solver with the remaining time: CP-SAT (hinted with the best schedule so far) on training graphs (with
@@ -67,6 +69,11 @@ ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most
 ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT = 0.2
 FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
 # ~4 s with its windows): at most this long, this share of the time
+# rollouts guided by the program-order bound's solution (rollout_search with a prior) on training graphs too large
+# for CP-SAT: a recomputed value's score times GUIDED_PRIOR (0.1 against 0.2 and 0.3: the best or near it on traced
+# T5 at 40 % and 60 % and on generated decoder and random-skip graphs), for at most GUIDED_S, this share of the
+# remaining time
+GUIDED_PRIOR, GUIDED_S, GUIDED_SHARE = 0.1, 5.0, 0.3
 ORDER_BOUND_S, ORDER_BOUND_SHARE = 4.0, 0.35  # the program-order bound, where no schedule meets the forced one yet
 # (traced transformers of 145-770 nodes: 0.1-20 s to prove; a round cut short gives its dual bound). A third of
 # short limits: on the tiny transformers with plan()'s 11 s, CP-SAT rarely proves and gains little from its last
@@ -183,6 +190,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
 
     order: float | None = None
+    training = any(nd.backward for nd in graph.nodes)
 
     def known_bound() -> float | None:
         # the larger of the bound for every schedule and the one for every program-order schedule (the family
@@ -228,10 +236,18 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         # after the fast heuristics, which often meet the forced bound on small graphs at once
         blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     if not proven() and remaining() > 0:
-        order = _order_bound(graph, budget_bytes, tried, min(ORDER_BOUND_S, ORDER_BOUND_SHARE * limit, remaining()))
+        order, recomputed = _order_bound(graph, budget_bytes, tried,
+                                         min(ORDER_BOUND_S, ORDER_BOUND_SHARE * limit, remaining()))
+        if recomputed and big and training and not proven() and remaining() > 0:
+            # where no whole-graph exact solver follows: rollouts that evict first what the bound's solution
+            # recomputes (traced T5 at 40 %, 3 s: 25.35 % -> 23.76 %; a generated 300-layer graph at 0.5: 13.61 % ->
+            # 11.52 % against a bound of 11.34 %). Where CP-SAT follows, they gave it no better start and took its
+            # time (traced BERT at 40 %, 11 s: 38.14 % without, 39.34 % with them).
+            prior = [GUIDED_PRIOR if v in recomputed else 1.0 for v in range(graph.n)]
+            if attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=prior):
+                tried[-1]["prior"] = "evicts first the values the program-order bound's solution recomputes"
     if proven():
         return _pick(graph, results, tried, exact=None, forced=forced, order=order)
-    training = any(nd.backward for nd in graph.nodes)
     if graph.n <= CPSAT_MAX_NODES and training:
         exact_name = "cpsat"  # on every training graph it can hold (the module doc says why, with figures)
     elif graph.n <= MILP_MAX_NODES:
@@ -370,23 +386,25 @@ def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: f
     return fb.lower_bound_cost
 
 
-def _order_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: float) -> float | None:
+def _order_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: float
+                 ) -> tuple[float | None, frozenset[int]]:
     """The bound for every program-order schedule (solvers.bounds.order_bound), or None if not solved in time or
-    if no program-order schedule fits (then it bounds nothing a solver here returns)."""
+    if no program-order schedule fits (then it bounds nothing a solver here returns); and the values its solution
+    recomputes (OrderBound.recomputed)."""
     from solvers.bounds.order_bound import order_bound
 
     ob = order_bound(graph, budget_bytes, time_limit_s=seconds)
     if ob is None:
         tried.append({"solver": "order_bound", "outcome": "no solution in time"})
-        return None
+        return None, frozenset()
     if not ob.fits:
         tried.append({"solver": "order_bound", "outcome": "infeasible",
                       "reason": "no program-order schedule fits: a node's inputs, output and non-recomputable values "
                                 "alive across it overflow the budget"})
-        return None
+        return None, frozenset()
     tried.append({"solver": "order_bound", "outcome": "optimal" if ob.proven else "bound",
                   "lower_bound_cost": ob.lower_bound_cost, "rows": ob.rows, "rows_used": ob.rows_used})
-    return ob.lower_bound_cost
+    return ob.lower_bound_cost, frozenset(ob.recomputed)
 
 
 def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: SolveResult | None,

@@ -53,6 +53,9 @@ class OrderBound:
     rows: int  # rows kept (binding, and not left out as implied by another)
     rows_used: int  # rows in the last program solved
     fits: bool = True  # False: no program-order schedule fits the budget (pinned values alone overflow a row)
+    # the values the last program solved to optimality computes more than once (its rows only; rounded where it
+    # was the linear relaxation): a hint of what a schedule near the bound recomputes, not a schedule
+    recomputed: tuple[int, ...] = ()
 
 
 def in_program_order(schedule: Schedule) -> bool:
@@ -181,18 +184,21 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     outcome = _rounds(graph, rows, active, gap_of, users if second_computations else None, deadline)
     if outcome is None:
         return OrderBound(float("inf"), True, len(rows), len(active), fits=False)
-    best, proven, active = outcome
-    return None if best is None else OrderBound(base + best, proven, len(rows), len(active))
+    best, proven, active, recomputed = outcome
+    return None if best is None else OrderBound(base + best, proven, len(rows), len(active),
+                                                  recomputed=tuple(sorted(recomputed)))
 
 
 def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], gap_of, users: list[list[int]] | None,
-            deadline: float | None) -> tuple[float | None, bool, list[ConflictRow]] | None:
+            deadline: float | None) -> tuple[float | None, bool, list[ConflictRow], set[int]] | None:
     """The rounds of the module docstring from `active`: (the best bound, whether the last integer program was
-    solved with no row violated, the rows it had), or None when the rows admit no assignment. users: add second
-    computations (RowProgram.add_second_computations)."""
+    solved with no row violated, the rows it had, the values the last program solved to optimality computes more
+    than once), or None when the rows admit no assignment. users: add second computations
+    (RowProgram.add_second_computations)."""
     from solvers.bounds.forced_bound import _solve_program
 
     best: float | None = None
+    recomputed: set[int] = set()
     # Rounds of the linear relaxation first (a tenth of the time on 2000-node graphs, within 0.1 % of the
     # graph's cost there), its solution rounded to choose rows; then rounds of the integer program from there.
     for relaxed in (True, False):
@@ -203,7 +209,8 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
             if users is not None:
                 program.add_second_computations(users, deadline)
             if best is not None and deadline is not None and time.perf_counter() >= deadline:
-                return best, False, active  # a later round, built past the deadline: the earlier rounds' bound
+                # a later round, built past the deadline: the earlier rounds' bound
+                return best, False, active, recomputed
             prob = program.finish()
             # the first round gets at least 0.2 s (without it there is no bound at all), a later one what is left
             left = None if deadline is None else max(0.2 if best is None else 0.0, deadline - time.perf_counter())
@@ -214,15 +221,18 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
                 return None
             if value is not None:
                 best = value if best is None else max(best, value)
-            if not proven or (deadline is not None and time.perf_counter() > deadline):
-                return best, False, active
+            if not proven:
+                return best, False, active, recomputed
             chosen_keys = {k for k, var in program.e.items() if (var.varValue or 0.0) > 0.5}
+            recomputed = {k[0] for k in chosen_keys}
+            if deadline is not None and time.perf_counter() > deadline:
+                return best, False, active, recomputed
             chosen = {row.node for row in active}
             unpaid = program.unpaid_second_computations(chosen_keys) if users is not None else {}
             violated = []
             for k, row in enumerate(rows):
                 if k % 64 == 0 and deadline is not None and time.perf_counter() > deadline:
-                    return best, False, active
+                    return best, False, active, recomputed
                 if row.node not in chosen:
                     kept = program.kept_for_a_second_computation(row, unpaid) if unpaid else frozenset()
                     again = _AbsentAt(program, chosen_keys, row.node, kept)
@@ -231,7 +241,7 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
                         violated.append((excess, row))
             if not violated:
                 if not relaxed:
-                    return best, True, active
+                    return best, True, active, recomputed
                 break
             violated.sort(key=lambda t: -t[0])
             active = active + [row for _, row in violated[:ROWS_PER_ROUND]]

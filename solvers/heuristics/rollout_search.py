@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from typing import Sequence
 
 from graphs.errors import NoSolutionInTimeError
 from graphs.ir import Graph
@@ -34,13 +35,15 @@ SCORES = tuple(next(r for r in ROLLOUTS if r[0] == name) for name in ("dtr", "be
 
 
 def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, seed: int = 0,
-                   rollouts: int | None = None, stop_at_cost: float | None = None) -> Proposal:
+                   rollouts: int | None = None, stop_at_cost: float | None = None,
+                   prior: Sequence[float] | None = None) -> Proposal:
     """The cheapest schedule within `budget_bytes` over perturbed rollouts (see the module docstring).
 
     time_limit_s: how long to keep trying (default DEFAULT_TIME_LIMIT_S); rollouts: stop after this many instead
     (whichever comes first when both are given); stop_at_cost: stop once a schedule costs no more (a known lower
-    bound). Raises InfeasibleBudgetError, naming the smallest budget the unperturbed DTR rollout meets, when no
-    rollout fits.
+    bound); prior: a factor per value on every rollout's score, the unperturbed ones included (below 1: evicted
+    sooner), e.g. from what a lower bound's solution recomputes. Raises InfeasibleBudgetError, naming the smallest
+    budget the unperturbed DTR rollout meets, when no rollout fits.
     """
     t0 = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
@@ -59,10 +62,11 @@ def rollout_search(graph: Graph, budget_bytes: int, *, time_limit_s: float | Non
                 complete = complete and done >= unperturbed
                 break
             name, den, opts = SCORES[done % len(SCORES)]
-            bias = None
+            bias = None if prior is None else list(prior)
             if done >= unperturbed:
                 sigma = rng.choice(SIGMAS)
-                bias = [math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(graph.n)]
+                noise = [math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(graph.n)]
+                bias = noise if prior is None else [p * z for p, z in zip(prior, noise)]
             seq = eng.run(budget_bytes, den, bias=bias, max_computes=cap, deadline_s=deadline, **opts)
             done += 1
             if seq is None:

@@ -58,6 +58,7 @@ def test_a_value_read_by_a_later_branch_counts_in_program_order():
     assert optimal_cost(g, 8)[0] == g.total_cost  # d first: nothing runs twice
     ob = order_bound(g, 8, time_limit_s=None)
     assert ob.lower_bound_cost == g.total_cost + 5.0 == optimal_cost(g, 8, program_order=True)[0]
+    assert ob.recomputed == (0,)  # what its solution computes twice: a
 
 
 def test_a_value_absent_between_two_pairs_of_its_readers_pays_twice():

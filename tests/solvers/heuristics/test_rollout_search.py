@@ -69,3 +69,16 @@ def test_rollout_search_names_a_budget_it_meets_where_every_rollout_gets_stuck(b
         assert solve(g, e.min_budget_bytes, "rollout_search", rollouts=3).peak_bytes <= e.min_budget_bytes
     else:
         raise AssertionError("DTR's rollouts get stuck on resnet50 at 0.1 of its peak (they did when written)")
+
+
+def test_a_prior_below_one_makes_the_rollouts_evict_that_value_first():
+    # a (cost 10) and b (cost 1) are read by d at the end; c is too large to sit beside both, so one of them is
+    # evicted and computed again for d. Every score evicts the cheap b; a prior of 1e-6 on a turns that around.
+    from graphs.ir import Graph, Node
+
+    spec = [("a", 10.0, 4, ()), ("b", 1.0, 4, ()), ("c", 1.0, 4, ()), ("e", 1.0, 1, (2,)), ("d", 1.0, 1, (0, 1))]
+    g = Graph(tuple(Node(i, name, cost, size, ins) for i, (name, cost, size, ins) in enumerate(spec)))
+    plain = solve(g, 9, "rollout_search", rollouts=len(SCORES))
+    assert plain.total_cost == g.total_cost + 1.0 and plain.peak_bytes <= 9
+    steered = solve(g, 9, "rollout_search", rollouts=len(SCORES), prior=[1e-6, 1.0, 1.0, 1.0, 1.0])
+    assert steered.total_cost == g.total_cost + 10.0 and steered.peak_bytes <= 9
