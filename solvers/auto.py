@@ -14,7 +14,8 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    bound; otherwise it goes on, skipping Chen's greedies and the lowest-memory fallback, which cost seconds there and
    lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
 3. where no schedule meets a bound yet, the program-order bound (solvers.bounds.order_bound); on training graphs too
-   large for CP-SAT, rollouts that evict first the values its solution recomputes (`rollout_search` with a prior);
+   large for CP-SAT, rollouts that evict first the values its solution recomputes (`rollout_search` with a prior;
+   again at the end, from another seed, with the time the later steps leave, while the gap is above `mip_gap`);
    then the eviction heuristic with local search (`evict`): a share of the time when an exact solver follows, nearly
    all of it on graphs too large for the exact solvers (the random layered graphs of 500+ nodes).
 4. chain_dp, when the graph is a training chain.
@@ -74,6 +75,10 @@ FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound 
 # T5 at 40 % and 60 % and on generated decoder and random-skip graphs), for at most GUIDED_S, this share of the
 # remaining time
 GUIDED_PRIOR, GUIDED_S, GUIDED_SHARE = 0.1, 5.0, 0.3
+# they also get what is left at the end (at least GUIDED_MIN_LEFT_S, at most GUIDED_LEFT_S), where the best schedule
+# is not within mip_gap of the bound
+GUIDED_MIN_LEFT_S, GUIDED_LEFT_S = 0.5, 10.0
+GUIDED_NOTE = "evicts first the values the program-order bound's solution recomputes"
 ORDER_BOUND_S, ORDER_BOUND_SHARE = 4.0, 0.35  # the program-order bound, where no schedule meets the forced one yet
 # (traced transformers of 145-770 nodes: 0.1-20 s to prove; a round cut short gives its dual bound). A third of
 # short limits: on the tiny transformers with plan()'s 11 s, CP-SAT rarely proves and gains little from its last
@@ -190,6 +195,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
 
     order: float | None = None
+    guided: list[float] | None = None  # the guided rollouts' prior, where they ran
     training = any(nd.backward for nd in graph.nodes)
 
     def known_bound() -> float | None:
@@ -243,9 +249,9 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             # recomputes (traced T5 at 40 %, 3 s: 25.35 % -> 23.76 %; a generated 300-layer graph at 0.5: 13.61 % ->
             # 11.52 % against a bound of 11.34 %). Where CP-SAT follows, they gave it no better start and took its
             # time (traced BERT at 40 %, 11 s: 38.14 % without, 39.34 % with them).
-            prior = [GUIDED_PRIOR if v in recomputed else 1.0 for v in range(graph.n)]
-            if attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=prior):
-                tried[-1]["prior"] = "evicts first the values the program-order bound's solution recomputes"
+            guided = [GUIDED_PRIOR if v in recomputed else 1.0 for v in range(graph.n)]
+            if attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=guided):
+                tried[-1]["prior"] = GUIDED_NOTE
     if proven():
         return _pick(graph, results, tried, exact=None, forced=forced, order=order)
     if graph.n <= CPSAT_MAX_NODES and training:
@@ -299,6 +305,14 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 if need is not None and 2 < need <= HINT_MAX_COMPUTATIONS:
                     options["max_computations"] = need
             exact = attempt(exact_name, remaining(), **options)
+    best_cost = min((r.total_cost for r in results), default=None)
+    if guided is not None and best_cost is not None and order is not None and remaining() >= GUIDED_MIN_LEFT_S \
+            and best_cost > order * (1 + mip_gap):
+        # the time the steps above left (the eviction search ends once its local search settles), while the best
+        # schedule is not within mip_gap of the bound: more guided rollouts, from another seed
+        if attempt("rollout_search", min(GUIDED_LEFT_S, remaining()), stop_at_cost=order * (1 + mip_gap),
+                   prior=guided, seed=1):
+            tried[-1]["prior"] = GUIDED_NOTE
     exact = _better_bound(exact, blocks, results)
     if not results:
         floor = graph.single_op_bound_bytes()
