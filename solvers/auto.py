@@ -148,8 +148,10 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     def attempt(name: str, seconds: float | None, **options) -> SolveResult | None:
         if name not in solver_names():
             return None
-        # the family CP-SAT ran over, where auto chose it
-        family = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
+        # what auto chose for it: the family CP-SAT ran over, the guided rollouts' prior
+        noted: dict = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
+        if "prior" in options:
+            noted["prior"] = GUIDED_NOTE
         try:
             r = solve(graph, budget_bytes, name, time_limit_s=seconds, **options)
         except InfeasibleBudgetError as e:
@@ -158,7 +160,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             infeasible.append(e)
             return None
         except NoSolutionInTimeError as e:
-            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **family})
+            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **noted})
             timed_out.append(e)
             return None
         except SolverError as e:
@@ -167,7 +169,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             tried.append({"solver": name, "outcome": "failed", "detail": f"{type(e).__name__}: {e}"})
             return None
         tried.append({"solver": name, "outcome": r.status.value, "total_cost": r.total_cost,
-                      "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3), **family})
+                      "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3), **noted})
         results.append(r)
         return r
 
@@ -250,8 +252,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             # 11.52 % against a bound of 11.34 %). Where CP-SAT follows, they gave it no better start and took its
             # time (traced BERT at 40 %, 11 s: 38.14 % without, 39.34 % with them).
             guided = [GUIDED_PRIOR if v in recomputed else 1.0 for v in range(graph.n)]
-            if attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=guided):
-                tried[-1]["prior"] = GUIDED_NOTE
+            attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=guided)
     if proven():
         return _pick(graph, results, tried, exact=None, forced=forced, order=order)
     if graph.n <= CPSAT_MAX_NODES and training:
@@ -310,9 +311,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             and best_cost > order * (1 + mip_gap):
         # the time the steps above left (the eviction search ends once its local search settles), while the best
         # schedule is not within mip_gap of the bound: more guided rollouts, from another seed
-        if attempt("rollout_search", min(GUIDED_LEFT_S, remaining()), stop_at_cost=order * (1 + mip_gap),
-                   prior=guided, seed=1):
-            tried[-1]["prior"] = GUIDED_NOTE
+        attempt("rollout_search", min(GUIDED_LEFT_S, remaining()), stop_at_cost=order * (1 + mip_gap), prior=guided,
+                seed=1)
     exact = _better_bound(exact, blocks, results)
     if not results:
         floor = graph.single_op_bound_bytes()
