@@ -136,6 +136,10 @@ class Plan:
     loss_bytes: int = 0  # the loss function's temporaries (solver_graph)
     exact_peak_bytes: int | None = None  # the executor's peak (solver_graph.exact_peak_bytes); None: the result's
     pinned_secondaries: bool = False  # secondary outputs not recomputable (solver_graph's pin_secondaries)
+    # the computations as the executor runs them (solver indices): the schedule's, each secondary output computed
+    # again right after the op's computation it is indexed out of (solver_graph.executor_sequence); None: the
+    # schedule's own
+    executor_computes: list[int] | None = None
 
     # ---- figures ------------------------------------------------------------------------------
     @property
@@ -145,13 +149,17 @@ class Plan:
     @property
     def compute_sequence(self) -> list[int]:
         """The computations in order, as node ids of the trace (what the executor runs)."""
-        return traced_sequence(self.graph, self.result.schedule.computes, self.groups)
+        return traced_sequence(self.graph, self._executor_computes, self.groups)
 
     @property
     def split_position(self) -> int:
         """How many computations of `compute_sequence` run in the forward: those before the schedule's first
         node that is not the model's (the loss or a tangent)."""
-        return split_position(self.graph, self.result.schedule.computes, self.groups)
+        return split_position(self.graph, self._executor_computes, self.groups)
+
+    @property
+    def _executor_computes(self) -> list[int]:
+        return list(self.result.schedule.computes) if self.executor_computes is None else self.executor_computes
 
     @property
     def budget_bytes(self) -> int:
@@ -231,6 +239,7 @@ class Plan:
             "loss_bytes": int(self.loss_bytes),
             "exact_peak_bytes": None if self.exact_peak_bytes is None else int(self.exact_peak_bytes),
             "pinned_secondaries": bool(self.pinned_secondaries),
+            "executor_computes": None if self.executor_computes is None else [int(v) for v in self.executor_computes],
         }}
         return result_to_dict(self.graph, self.result, extra)
 
@@ -263,7 +272,8 @@ class Plan:
                    inflated={int(i) for i in meta.get("inflated", [])},
                    loss_bytes=int(meta.get("loss_bytes", 0)),
                    exact_peak_bytes=None if meta.get("exact_peak_bytes") is None else int(meta["exact_peak_bytes"]),
-                   pinned_secondaries=bool(meta.get("pinned_secondaries", False)))
+                   pinned_secondaries=bool(meta.get("pinned_secondaries", False)),
+                   executor_computes=_executor_computes_from(path, meta.get("executor_computes"), ls.schedule))
 
     # ---- applying -------------------------------------------------------------------------------
     def check_model(self, model: torch.nn.Module) -> None:
@@ -421,10 +431,13 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,
             f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
-    # A recomputed secondary output is indexed out of its op's newest result, which holds it from there on: replay
-    # what the executor holds, and where that does not fit, solve again with such outputs not recomputable.
+    # A recomputed secondary output is indexed out of its op's newest result, which holds it from that computation
+    # of the op on. A forward op's node counts its secondary outputs for as long as it is resident (solver_graph's
+    # inflated bytes), and the op's result lives no longer than that (the secondary output reads it): nothing to
+    # move there. A backward op's node does not count them: replay what the executor holds (executor_sequence), and
+    # where that does not fit, solve again with such outputs not recomputable.
     pinned = False
-    seq = executor_sequence(graph, result.schedule.computes, co_outputs(graph, traced))
+    seq = executor_sequence(graph, result.schedule.computes, _uncounted_co_outputs(graph, traced))
     if seq != list(result.schedule.computes):
         sched = Schedule.from_sequence(graph, seq)
         sim = simulate(graph, sched)
@@ -440,20 +453,60 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                     "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
                     seconds=time.perf_counter() - t0)
             result = solve(graph, budget_bytes, solver, time_limit_s=left)
-    # Secondary outputs need counting only where the op is recomputed: count them there alone, and replay
-    # the same computations on that graph (bytes only shrink, so it stays within the budget).
-    inflated = {graph.labels[v] for v in result.sim.recomputed if graph.labels[v] in sources}
+    # Secondary outputs need counting only where the op is recomputed, or where one of them is indexed again out of
+    # a result of the op: count them there alone, and replay the same computations on that graph (bytes only
+    # shrink, so it stays within the budget).
+    inflated = _counted_sources(graph, result.sim.recomputed, traced)
     graph = solver_graph(traced, inflated, loss_bytes, pinned)
     result = _free_at_last_use(graph, result)
+    # what the executor runs: a secondary output indexed again out of a result is taken right after that computation
+    # of the op (the same memory: the result holds it from there on; and the result itself is then not handed from
+    # the forward to the backward, which the compiled step cannot take)
+    held = executor_sequence(graph, result.schedule.computes, co_outputs(graph, traced))
     groups = solver_groups(traced)
-    compile_schedule(traced, traced_sequence(graph, result.schedule.computes, groups),
-                     split_position(graph, result.schedule.computes, groups))  # the executor can run it (raises otherwise)
+    compile_schedule(traced, traced_sequence(graph, held, groups),
+                     split_position(graph, held, groups))  # the executor can run it (raises otherwise)
     return Plan(graph=graph, result=result, fingerprint=fingerprint(model, inputs), cost_model=cm, inflated=inflated,
-                pinned_secondaries=pinned,
-                loss_bytes=loss_bytes, exact_peak_bytes=exact_peak_bytes(
-                    traced, loss_bytes, [graph.labels[v] for v in result.schedule.computes]),
+                pinned_secondaries=pinned, executor_computes=None if held == list(result.schedule.computes) else held,
+                loss_bytes=loss_bytes,
+                exact_peak_bytes=exact_peak_bytes(traced, loss_bytes, [graph.labels[v] for v in held]),
                 modules=node_modules(traced), traced=traced, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(graph), groups=solver_groups(traced))
+
+
+def _executor_computes_from(path, value, schedule: Schedule) -> list[int] | None:
+    """A stored executor sequence, checked against the schedule: the same nodes, none computed more often."""
+    if value is None:
+        return None
+    from collections import Counter
+
+    from graphs.errors import ScheduleFormatError
+
+    want = Counter(schedule.computes)
+    try:
+        got = Counter(int(v) for v in value)
+    except (TypeError, ValueError) as e:
+        raise ScheduleFormatError(f"{path}: extra.planner.executor_computes is not a list of node ids") from e
+    if set(got) != set(want) or any(got[v] > want[v] for v in got):
+        raise ScheduleFormatError(f"{path}: extra.planner.executor_computes does not run the schedule's computations")
+    return [int(v) for v in value]
+
+
+def _uncounted_co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
+    """co_outputs(graph, traced) of the multi-output ops whose node in `graph` does not count its secondary outputs'
+    bytes (solver_graph: the backward ops, and the forward ops left out of `inflate`)."""
+    return {v: ss for v, ss in co_outputs(graph, traced).items()
+            if int(graph.nodes[v].bytes) < int(traced.graph.nodes[graph.labels[v]].bytes) +
+            sum(int(traced.graph.nodes[graph.labels[s]].bytes) for s in ss)}
+
+
+def _counted_sources(graph: Graph, recomputed, traced) -> set[int]:
+    """Labels of the forward multi-output ops whose node must count its secondary outputs: those computed more than
+    once, and those with a secondary output computed more than once (indexed again out of a result of the op, which
+    holds it from the op's computation on)."""
+    again = {graph.labels[v] for v in recomputed}
+    return {src for src, secs in secondary_outputs(traced).items()
+            if not traced.graph.nodes[src].backward and (src in again or again.intersection(secs))}
 
 
 def _keep_all_if_it_fits(traced, loss_bytes: int, budget_bytes: int) -> SolveResult | None:

@@ -99,11 +99,13 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, p
     - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
       keep theirs): each computation allocates them all, and this keeps every recomputation within the
       peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
-      the given node ids (plan() keeps it only where the schedule recomputes). A backward multi-output
-      op is not recomputable. A secondary output's own node is, but the executor recomputes it by indexing the
-      newest result of its op, which keeps all that op's outputs alive from that computation on:
-      `executor_sequence` turns a schedule into what the executor really holds, and with `pin_secondaries`
-      such nodes are not recomputable at all (plan() falls back to that graph when the first does not fit).
+      the given node ids (plan() keeps it where the schedule recomputes the op or one of its secondary outputs).
+      A backward multi-output op is not recomputable. A secondary output's own node is, but the executor
+      recomputes it by indexing the newest result of its op, which keeps all that op's outputs alive from that
+      computation on. A forward op's node counts them for that long anyway (the secondary output reads it, so it
+      is resident until then); for a backward op's, `executor_sequence` turns a schedule into what the executor
+      really holds, and with `pin_secondaries` such nodes are not recomputable at all (plan() falls back to that
+      graph when the first does not fit).
     - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
       and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
