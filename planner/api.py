@@ -456,7 +456,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     # Secondary outputs need counting only where the op is recomputed, or where one of them is indexed again out of
     # a result of the op: count them there alone, and replay the same computations on that graph (bytes only
     # shrink, so it stays within the budget).
-    inflated = _counted_sources(graph, result.sim.recomputed, traced)
+    inflated = _counted_sources(graph, result.sim.recomputed, traced, sources)
     graph = solver_graph(traced, inflated, loss_bytes, pinned)
     result = _free_at_last_use(graph, result)
     # what the executor runs: a secondary output indexed again out of a result is taken right after that computation
@@ -500,12 +500,12 @@ def _uncounted_co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
             sum(int(traced.graph.nodes[graph.labels[s]].bytes) for s in ss)}
 
 
-def _counted_sources(graph: Graph, recomputed, traced) -> set[int]:
-    """Labels of the forward multi-output ops whose node must count its secondary outputs: those computed more than
-    once, and those with a secondary output computed more than once (indexed again out of a result of the op, which
-    holds it from the op's computation on)."""
+def _counted_sources(graph: Graph, recomputed, traced, sources: dict[int, list[int]]) -> set[int]:
+    """Labels of the forward multi-output ops (of `sources`, secondary_outputs(traced)) whose node must count its
+    secondary outputs: those computed more than once, and those with a secondary output computed more than once
+    (indexed again out of a result of the op, which holds it from the op's computation on)."""
     again = {graph.labels[v] for v in recomputed}
-    return {src for src, secs in secondary_outputs(traced).items()
+    return {src for src, secs in sources.items()
             if not traced.graph.nodes[src].backward and (src in again or again.intersection(secs))}
 
 
