@@ -344,18 +344,46 @@ def _resolve_cost_model(cost_model: str) -> str:
     return "time" if cost_model == "auto" else cost_model
 
 
-def _smallest_budget(graph: Graph, time_limit_s: float) -> tuple[int | None, str, str | None]:
+def _smallest_budget(graph: Graph, time_limit_s: float, adapt=None) -> tuple[int | None, str, str | None]:
     """The smallest budget a schedule is known to meet, how that is known, and the solver that met it
-    (`solvers.bounds.min_budget`); (None, why, None) when no solver met any budget in time."""
+    (`solvers.bounds.min_budget`, with its `adapt`); (None, why, None) when no solver met any budget in time."""
     from solvers.bounds.min_budget import min_budget
 
     try:
-        mb = min_budget(graph, time_limit_s=time_limit_s)
+        mb = min_budget(graph, time_limit_s=time_limit_s, adapt=adapt)
     except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
         return None, f"no solver met any budget within {time_limit_s:g} s ({e})", None
     # the budget the solver was given when it met the minimum: planning at it reproduces the schedule
     # (a greedy solver is not monotone in the budget, so its peak itself may not be reproducible)
     return max(mb.budget_bytes, mb.result.budget_bytes), mb.proof, mb.result.solver
+
+
+def _executable(graph: Graph, traced, result: SolveResult) -> SolveResult | None:
+    """`result` as the executor runs it, or None where that does not fit the budget it was solved for.
+
+    A recomputed secondary output is indexed out of its op's newest result, which holds it from that computation of
+    the op on. A forward op's node counts its secondary outputs for as long as it is resident (solver_graph's
+    inflated bytes), and the op's result lives no longer than that (the secondary output reads it): nothing to move
+    there. A backward op's node does not count them: replay what the executor holds (executor_sequence)."""
+    seq = executor_sequence(graph, result.schedule.computes, _uncounted_co_outputs(graph, traced))
+    if seq == list(result.schedule.computes):
+        return result
+    sched = Schedule.from_sequence(graph, seq)
+    sim = simulate(graph, sched)
+    return dataclasses.replace(result, schedule=sched, sim=sim) if sim.peak_bytes <= result.budget_bytes else None
+
+
+def _smallest_executable_budget(traced, loss_bytes: int, time_limit_s: float) -> tuple[int | None, str, str | None]:
+    """_smallest_budget for what plan() can run: on the graph plan() solves first, counting only the schedules whose
+    executor sequence fits (`_executable`); where none is found, on the graph plan() falls back to (secondary
+    outputs not recomputable, whose schedules the executor holds as simulated) with the time left."""
+    t0 = time.perf_counter()
+    graph = solver_graph(traced, None, loss_bytes)
+    found = _smallest_budget(graph, time_limit_s, adapt=lambda r: _executable(graph, traced, r))
+    left = time_limit_s - (time.perf_counter() - t0)
+    if found[0] is not None or not secondary_outputs(traced) or left < 1.0:
+        return found
+    return _smallest_budget(solver_graph(traced, None, loss_bytes, pin_secondaries=True), left)
 
 
 def smallest_budget(plan_or_traced, time_limit_s: float = 30.0) -> tuple[int | None, str | None]:
@@ -364,9 +392,8 @@ def smallest_budget(plan_or_traced, time_limit_s: float = 30.0) -> tuple[int | N
     traced = plan_or_traced.traced if isinstance(plan_or_traced, Plan) else plan_or_traced
     if traced is None:
         raise ValueError("a plan loaded from JSON holds no trace: pass the TraceResult of the model")
-    # on the graph plan() falls back to, whose schedules the executor holds as simulated
     loss_bytes = plan_or_traced.loss_bytes if isinstance(plan_or_traced, Plan) else 0
-    found, _, solver = _smallest_budget(solver_graph(traced, None, loss_bytes, pin_secondaries=True), time_limit_s)
+    found, _, solver = _smallest_executable_budget(traced, loss_bytes, time_limit_s)
     return found, solver
 
 
@@ -422,7 +449,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
-        smallest, how, by = _smallest_budget(solver_graph(traced, None, loss_bytes, pin_secondaries=True), left)
+        smallest, how, by = _smallest_executable_budget(traced, loss_bytes, left)
         if smallest is None and e.min_budget_bytes is not None:
             smallest, how, by = e.min_budget_bytes, e.reason, solver
         gb = "unknown" if smallest is None else f"{smallest / GB:.9f} GB ({smallest} bytes)"
@@ -431,28 +458,22 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,
             f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
-    # A recomputed secondary output is indexed out of its op's newest result, which holds it from that computation
-    # of the op on. A forward op's node counts its secondary outputs for as long as it is resident (solver_graph's
-    # inflated bytes), and the op's result lives no longer than that (the secondary output reads it): nothing to
-    # move there. A backward op's node does not count them: replay what the executor holds (executor_sequence), and
-    # where that does not fit, solve again with such outputs not recomputable.
+    # what the executor holds must fit too (`_executable`); where it does not, solve again with secondary outputs
+    # not recomputable
     pinned = False
-    seq = executor_sequence(graph, result.schedule.computes, _uncounted_co_outputs(graph, traced))
-    if seq != list(result.schedule.computes):
-        sched = Schedule.from_sequence(graph, seq)
-        sim = simulate(graph, sched)
-        if sim.peak_bytes <= budget_bytes:
-            result = dataclasses.replace(result, schedule=sched, sim=sim)
-        else:
-            pinned = True
-            graph = solver_graph(traced, None, loss_bytes, pin_secondaries=True)
-            left = time_limit_s - (time.perf_counter() - t0)
-            if left <= 0:
-                raise NoSolutionInTimeError(
-                    f"{solver}: the schedule found recomputes a secondary output whose op's result the executor would "
-                    "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
-                    seconds=time.perf_counter() - t0)
-            result = solve(graph, budget_bytes, solver, time_limit_s=left)
+    executable = _executable(graph, traced, result)  # (solved for budget_bytes)
+    if executable is not None:
+        result = executable
+    else:
+        pinned = True
+        graph = solver_graph(traced, None, loss_bytes, pin_secondaries=True)
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            raise NoSolutionInTimeError(
+                f"{solver}: the schedule found recomputes a secondary output whose op's result the executor would "
+                "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
+                seconds=time.perf_counter() - t0)
+        result = solve(graph, budget_bytes, solver, time_limit_s=left)
     # Secondary outputs need counting only where the op is recomputed, or where one of them is indexed again out of
     # a result of the op: count them there alone, and replay the same computations on that graph (bytes only
     # shrink, so it stays within the budget).

@@ -19,8 +19,8 @@ from typing import Callable
 
 from capture.call import CallSpec
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from planner.api import GB, LossNotPlannedWarning, Plan, _smallest_budget, budget_bytes_from_gb, plan
-from planner.solver_graph import loss_workspace_bytes, solver_graph, trace_model
+from planner.api import GB, LossNotPlannedWarning, Plan, _smallest_executable_budget, budget_bytes_from_gb, plan
+from planner.solver_graph import loss_workspace_bytes, trace_model
 
 
 @dataclass
@@ -83,8 +83,7 @@ class _Search:
         model, sample, traced = self._build(n)
         call, inputs = CallSpec.of(sample)
         loss_bytes = 0 if self.loss_fn is None else loss_workspace_bytes(model, inputs, self.loss_fn, call)
-        graph = solver_graph(traced, None, loss_bytes, pin_secondaries=True)
-        return _smallest_budget(graph, self.time_limit_s * PROBE_SHARE)[0]
+        return _smallest_executable_budget(traced, loss_bytes, self.time_limit_s * PROBE_SHARE)[0]
 
     def attempt(self, n: int) -> Attempt:
         if n in self.attempts:

@@ -10,11 +10,16 @@
 4. Bisection between the floor and that upper end, with the heuristics and then an exact solver (time-limited)
    as the feasibility test, lowers the upper end; an exact solver's proof of infeasibility raises the lower end.
    That proof is for the exact solver's schedule family, and the report says so.
+
+A caller whose schedules must pass a further test (the planner: what its executor holds must fit too) gives
+`adapt`, which maps a schedule to the one that counts, or to None where it does not meet the budget it was solved
+for; such a schedule meets nothing, and the proofs (for schedules of a wider set) stay valid.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from graphs.errors import GraphError, InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
@@ -45,8 +50,13 @@ class MinBudget:
         return self.lower_bound_bytes >= self.budget_bytes
 
 
-def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline: float | None = None):
-    """First schedule that fits `budget`, the least budget any failing solver named, and exact proofs.
+Adapt = Callable[[SolveResult], "SolveResult | None"]
+
+
+def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline: float | None = None,
+         adapt: Adapt | None = None):
+    """First schedule that fits `budget` (passed through `adapt`), the least budget any failing solver named, and
+    exact proofs.
 
     deadline (time.perf_counter()): solvers not started by then are skipped; each gets at most what is left."""
     named: list[int] = []
@@ -61,7 +71,11 @@ def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline:
                 break
             limit = left if limit is None else min(limit, left)
         try:
-            return solve(graph, budget, name, time_limit_s=limit), named, proofs
+            result = solve(graph, budget, name, time_limit_s=limit)
+            if adapt is not None:
+                result = adapt(result)
+            if result is not None:
+                return result, named, proofs
         except InfeasibleBudgetError as e:
             if e.min_budget_bytes is not None:
                 named.append(e.min_budget_bytes)
@@ -76,10 +90,12 @@ def _try(graph: Graph, budget: int, names, time_limit_s: float | None, deadline:
     return None, named, proofs
 
 
-def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1e-3) -> MinBudget:
+def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1e-3,
+               adapt: Adapt | None = None) -> MinBudget:
     """Search the smallest feasible budget within about `time_limit_s` seconds.
 
     tolerance: stop the bisection once the unproven interval is below this fraction of the budget.
+    adapt: the module docstring's further test, applied to every schedule found.
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
@@ -93,13 +109,13 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
                                       "with the non-recomputable values that later nodes read")
     per_solve = max(1.0, time_limit_s / 8)
     heuristics = LARGE_HEURISTICS if graph.n > LARGE_NODES else HEURISTICS
-    res, named, _ = _try(graph, floor, heuristics + EXACT, per_solve, deadline)
+    res, named, _ = _try(graph, floor, heuristics + EXACT, per_solve, deadline, adapt)
     if res is not None:
         return MinBudget(floor, floor, floor_proof + ", and a schedule meets exactly that", res)
     # Upper end: the least budget a heuristic named, confirmed by a schedule.
     best: SolveResult | None = None
     for b in sorted(set(named)):
-        r, _, _ = _try(graph, b, heuristics, per_solve, deadline + per_solve)  # an upper end is needed
+        r, _, _ = _try(graph, b, heuristics, per_solve, deadline + per_solve, adapt)  # an upper end is needed
         if r is not None:
             best = r
             break
@@ -119,7 +135,7 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
             return MinBudget(hi, lo_proved, proof + f", and {best.solver}'s schedule meets {hi} bytes", best)
     while hi - lo > max(1, int(tolerance * hi)) and time.perf_counter() - t0 < time_limit_s:
         mid = (lo + hi) // 2
-        r, _, proofs = _try(graph, mid, heuristics + EXACT, per_solve, deadline)
+        r, _, proofs = _try(graph, mid, heuristics + EXACT, per_solve, deadline, adapt)
         if r is not None:
             best, hi = r, r.peak_bytes
         else:
@@ -128,7 +144,7 @@ def min_budget(graph: Graph, *, time_limit_s: float = 60.0, tolerance: float = 1
                 lo_proved, proof = mid + 1, "; ".join(proofs) + f" at {mid} bytes"
     # Final attempt to prove that just below the upper end nothing fits.
     if lo_proved < hi and time.perf_counter() - t0 < time_limit_s:
-        r, _, proofs = _try(graph, hi - 1, EXACT, None, deadline)
+        r, _, proofs = _try(graph, hi - 1, EXACT, None, deadline, adapt)
         if r is not None:
             best, hi = r, r.peak_bytes
         elif proofs:
