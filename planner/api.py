@@ -358,14 +358,15 @@ def _smallest_budget(graph: Graph, time_limit_s: float, adapt=None) -> tuple[int
     return max(mb.budget_bytes, mb.result.budget_bytes), mb.proof, mb.result.solver
 
 
-def _executable(graph: Graph, traced, result: SolveResult) -> SolveResult | None:
-    """`result` as the executor runs it, or None where that does not fit the budget it was solved for.
+def _executable(graph: Graph, uncounted: dict[int, list[int]], result: SolveResult) -> SolveResult | None:
+    """`result` as the executor runs it, or None where that does not fit the budget it was solved for
+    (uncounted: `_uncounted_co_outputs(graph, traced)`).
 
     A recomputed secondary output is indexed out of its op's newest result, which holds it from that computation of
     the op on. A forward op's node counts its secondary outputs for as long as it is resident (solver_graph's
     inflated bytes), and the op's result lives no longer than that (the secondary output reads it): nothing to move
     there. A backward op's node does not count them: replay what the executor holds (executor_sequence)."""
-    seq = executor_sequence(graph, result.schedule.computes, _uncounted_co_outputs(graph, traced))
+    seq = executor_sequence(graph, result.schedule.computes, uncounted)
     if seq == list(result.schedule.computes):
         return result
     sched = Schedule.from_sequence(graph, seq)
@@ -379,7 +380,8 @@ def _smallest_executable_budget(traced, loss_bytes: int, time_limit_s: float) ->
     outputs not recomputable, whose schedules the executor holds as simulated) with the time left."""
     t0 = time.perf_counter()
     graph = solver_graph(traced, None, loss_bytes)
-    found = _smallest_budget(graph, time_limit_s, adapt=lambda r: _executable(graph, traced, r))
+    uncounted = _uncounted_co_outputs(graph, traced)  # once: min_budget adapts every schedule it finds
+    found = _smallest_budget(graph, time_limit_s, adapt=lambda r: _executable(graph, uncounted, r))
     left = time_limit_s - (time.perf_counter() - t0)
     if found[0] is not None or not secondary_outputs(traced) or left < 1.0:
         return found
@@ -461,7 +463,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     # what the executor holds must fit too (`_executable`); where it does not, solve again with secondary outputs
     # not recomputable
     pinned = False
-    executable = _executable(graph, traced, result)  # (solved for budget_bytes)
+    executable = _executable(graph, _uncounted_co_outputs(graph, traced), result)  # (solved for budget_bytes)
     if executable is not None:
         result = executable
     else:

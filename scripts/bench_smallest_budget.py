@@ -59,10 +59,8 @@ def main() -> None:
         want = step_state(copy.deepcopy(ref_model), batch, None, seed=3)
         got = step_state(p.apply(copy.deepcopy(ref_model)), batch, None, seed=3)
 
-        def share(b):
-            return "none" if b is None else f"{b} ({b / ref:.3f}, {{}} s)"
-
-        print(f"| {name} | {share(old).format(f'{t1 - t0:.1f}')} | {share(new).format(f'{t2 - t1:.1f}')} | "
+        old_cell = "none" if old is None else f"{old} ({old / ref:.3f}, {t1 - t0:.1f} s)"
+        print(f"| {name} | {old_cell} | {new} ({new / ref:.3f}, {t2 - t1:.1f} s) | "
               f"{100 * p.overhead:.2f} % | {measured} | {measured <= new} | {same_state(got, want)} |", flush=True)
 
 
