@@ -33,12 +33,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
 from capture import costs as _costs
-from capture.contract import OpRecord, contract as _contract
 from capture.call import CallSpec
+from capture.contract import OpRecord
+from capture.contract import contract as _contract
 from capture.guards import Guard, record_reads_and_guard
+from capture.measure_memory import storage_bytes
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
-from capture.measure_memory import storage_bytes
 
 COST_MODELS = ("flops", "time", "roofline")
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graphs.errors import GraphError, ScheduleError, ScheduleFormatError
-from graphs.ir import Graph, Node
-from graphs.schedule import Schedule, Status
+from graphs.ir import Graph
 from graphs.result import SolveResult
+from graphs.schedule import Schedule, Status
 from graphs.simulate import SimResult, simulate
 
 FORMAT = "remat-schedule"

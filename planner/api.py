@@ -19,17 +19,27 @@ from typing import Any
 
 import torch
 
+from capture.call import CallSpec
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.ir import Graph
-from graphs.schedule import Schedule, Status
 from graphs.result import SolveResult
+from graphs.schedule import Schedule, Status
 from graphs.schedule_json import load_result, result_to_dict
 from graphs.simulate import reference_peak_bytes, simulate
-from capture.call import CallSpec
 from planner.executor import PlanMismatchError, PlannedModule, compile_schedule
-from planner.solver_graph import (co_outputs, exact_peak_bytes, executor_sequence, loss_workspace_bytes,
-                                  node_modules, secondary_outputs, solver_graph, solver_groups, split_position,
-                                  trace_model, traced_sequence)
+from planner.solver_graph import (
+    co_outputs,
+    exact_peak_bytes,
+    executor_sequence,
+    loss_workspace_bytes,
+    node_modules,
+    secondary_outputs,
+    solver_graph,
+    solver_groups,
+    split_position,
+    trace_model,
+    traced_sequence,
+)
 from solvers.base import solve
 
 GB = 10**9

@@ -29,7 +29,6 @@ from planner.executor import CompiledStep, ExecutorError
 from planner.fused_recompute import rebuild_pointwise_stash
 from planner.random_ops import state_like
 
-
 # What inductor may change for the planned halves (measured on transformers models at bench size, scripts/
 # bench_compile.py and docs/compile.md):
 # - reorder_for_peak_memory: the schedule's order is the one whose peak the plan bounds; inductor's own reordering

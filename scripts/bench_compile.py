@@ -33,8 +33,7 @@ import torch  # noqa: E402
 from examples import hf_zoo  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import (allocator_peak_bytes, interleaved_step_seconds, relative_difference,  # noqa: E402
-                             run_step, step_state)
+from planner.measure import allocator_peak_bytes, interleaved_step_seconds, relative_difference, run_step, step_state  # noqa: E402
 
 
 def first_step_seconds(module, batch) -> float:

@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from examples import hf_zoo  # noqa: E402
 from examples.gpt import make_gpt_demo  # noqa: E402
 from planner.api import GB, LossNotPlannedWarning  # noqa: E402
+from planner.checkpointing import largest_checkpointed_size  # noqa: E402
 from planner.fit import max_batch  # noqa: E402
 from planner.measure import measure_peak_bytes  # noqa: E402
-from planner.checkpointing import largest_checkpointed_size  # noqa: E402
-from examples import hf_zoo  # noqa: E402
 from tests.models import make_cnn, make_gpt  # noqa: E402
 
 MODELS = {

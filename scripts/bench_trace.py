@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from graphs.simulate import reference_peak_bytes  # noqa: E402
 from capture.trace import trace  # noqa: E402
+from graphs.simulate import reference_peak_bytes  # noqa: E402
 from tests.models import make_gpt  # noqa: E402
 
 

@@ -46,8 +46,8 @@ import time
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
-from graphs.schedule import Status
 from graphs.result import SolveResult
+from graphs.schedule import Status
 from solvers.base import Proposal, check_budget_floor, solve, solver_names
 
 MILP_MAX_NODES = 120  # graphs without a backward pass up to this size go to the Checkmate MILP; training graphs up

@@ -14,8 +14,8 @@ from typing import Callable
 
 from graphs.errors import InfeasibleBudgetError, ScheduleError, SolverError, UnknownSolverError
 from graphs.ir import Graph
-from graphs.schedule import Schedule, Status
 from graphs.result import SolveResult
+from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.deadline import passed
 

@@ -129,8 +129,9 @@ MAX_WINDOW_VARIABLES = 20000  # window rows beyond this many variables are left 
 def _solve_program(prob, time_limit_s: float | None) -> tuple[bool, float | None]:
     """(proven optimal, its objective or else HiGHS's dual bound) of a PuLP minimisation; the value is None if
     HiGHS knows nothing within the limit."""
-    from solvers.highs import HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
     import highspy
+
+    from solvers.highs import HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
 
     prob.solve(HighsWithStart(start=None, msg=False, timeLimit=time_limit_s, gapRel=0.0))
     h = prob.solverModel

@@ -36,10 +36,16 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
-from solvers.exact.cpsat_greedy import best_greedy_sequence
 from solvers.deadline import check, deadline_after, seconds_left
-from solvers.exact.cpsat_family import (FamilyForm, computation_limits, event_time, family_form, sequence_from_stages,
-                                       stage_normal_form)
+from solvers.exact.cpsat_family import (
+    FamilyForm,
+    computation_limits,
+    event_time,
+    family_form,
+    sequence_from_stages,
+    stage_normal_form,
+)
+from solvers.exact.cpsat_greedy import best_greedy_sequence
 
 SOLVER_NAME = "cpsat"
 # Largest objective coefficient sum we hand CP-SAT unscaled; above it costs are scaled and floored.

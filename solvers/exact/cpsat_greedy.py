@@ -14,8 +14,8 @@ from __future__ import annotations
 from graphs.ir import Graph
 from graphs.schedule import Schedule
 from graphs.simulate import simulate
-from solvers.exact.cpsat_family import computation_limits, family_form
 from solvers.deadline import passed
+from solvers.exact.cpsat_family import computation_limits, family_form
 
 
 def _missing_closure(graph: Graph, roots, resident: set[int]) -> set[int]:

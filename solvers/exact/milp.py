@@ -42,9 +42,16 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
 from solvers.deadline import check, deadline_after, earlier, passed, seconds_left
+from solvers.exact.stage_model import (
+    free_matrix,
+    modeled_memory,
+    project_to_stage_family,
+    ratio_kept_sequences,
+    sequence_from_stages,
+    stage_cost,
+    stages_from_sequence,
+)
 from solvers.highs import HighsWithStart
-from solvers.exact.stage_model import (free_matrix, modeled_memory, project_to_stage_family, ratio_kept_sequences,
-                                 sequence_from_stages, stage_cost, stages_from_sequence)
 
 BACKENDS = ("highs", "cbc")
 FAMILY = "frontier-advancing stages (first computations in the reference order, each node at most once per stage)"

@@ -8,8 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from capture.costs import EXTRA_FLOP_FORMULAS
 from capture.measure_memory import measure_peak_bytes
-from graphs.simulate import reference_peak_bytes
 from capture.trace import trace
+from graphs.simulate import reference_peak_bytes
 from tests.models import MAKERS
 
 _CACHE: dict = {}

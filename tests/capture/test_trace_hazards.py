@@ -10,8 +10,8 @@ import torch.nn as nn
 
 from capture.costs import DEVICES, roofline_seconds
 from capture.measure_memory import measure_peak_bytes
-from graphs.simulate import reference_peak_bytes
 from capture.trace import SpecialisationError, TraceError, trace
+from graphs.simulate import reference_peak_bytes
 from tests.models import make_mlp
 
 

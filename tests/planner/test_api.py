@@ -12,8 +12,8 @@ from graphs.schedule_json import load_result
 from graphs.simulate import reference_peak_bytes
 from planner import GB, Plan, PlanMismatchError, plan
 from planner.api import budget_bytes_from_gb
-from planner.solver_graph import solver_graph
 from planner.measure import step_state
+from planner.solver_graph import solver_graph
 from tests.models import make_gpt, make_mlp
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, usable_registry
 

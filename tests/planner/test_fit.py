@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from planner.api import GB
 from planner.checkpointing import largest_checkpointed_size

@@ -13,7 +13,6 @@ import copy
 import json
 
 import pytest
-import torch
 
 from graphs.errors import InfeasibleBudgetError, ScheduleFormatError
 from planner import GB, Plan, PlanMismatchError, plan
@@ -91,8 +90,8 @@ def test_a_forward_ops_secondary_output_indexed_again_needs_no_second_solve(tmp_
     # (which hold them from the op's computation on). The op's node counts them while it is resident, so the
     # schedule runs as planned: no fallback to the graph where they cannot be recomputed (which cost 7.00 %
     # against 5.00 % here), and the measured peak is the prediction, within the budget.
-    from planner.solver_graph import secondary_outputs
     from graphs.simulate import reference_peak_bytes
+    from planner.solver_graph import secondary_outputs
 
     model, batch = build("llama", "test", True)
     ref = copy.deepcopy(model)

@@ -10,7 +10,7 @@ from graphs.ir import Graph, Node
 from graphs.schedule import Schedule
 from graphs.simulate import reference_peak_bytes, simulate
 from solvers.base import solve
-from tests.solvers.exhaustive import optimal_cost, min_feasible_budget
+from tests.solvers.exhaustive import min_feasible_budget, optimal_cost
 
 
 def checked(graph, budget):

@@ -11,11 +11,9 @@ from graphs.ir import Graph, Node
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes
 from solvers.base import solve
 from solvers.bounds.forced_bound import conflict_rows, forced_recompute_bound
-from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
 from tests.solvers.bounds.strategies import oracle_graphs, small_graphs
+from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
 from tests.solvers.heuristics.test_dtr import with_random_ops
-
-
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

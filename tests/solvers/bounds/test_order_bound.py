@@ -11,12 +11,10 @@ from graphs.schedule import Schedule
 from graphs.simulate import reference_peak_bytes
 from solvers.base import solve, solver_names
 from solvers.bounds.forced_bound import _solve_program, forced_recompute_bound
-from solvers.bounds.order_bound import (in_program_order, life_intervals, order_bound, order_rows,
-                                        undominated_in_order)
+from solvers.bounds.order_bound import in_program_order, life_intervals, order_bound, order_rows, undominated_in_order
 from solvers.bounds.row_program import RowProgram
-from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
 from tests.solvers.bounds.strategies import oracle_graphs
-
+from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

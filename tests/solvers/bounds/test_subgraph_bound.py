@@ -6,8 +6,8 @@ from graphs.generate import random_dag, random_training_graph
 from graphs.ir import Graph, Node
 from graphs.schedule import Schedule
 from graphs.simulate import reference_peak_bytes, simulate
-from solvers.heuristics.lowest_memory import lowest_memory_sequence
 from solvers.bounds.subgraph_bound import relaxed_min_budget, subgraph_floor_bytes
+from solvers.heuristics.lowest_memory import lowest_memory_sequence
 from tests.solvers.exhaustive import min_feasible_budget
 
 small_graphs = st.one_of(

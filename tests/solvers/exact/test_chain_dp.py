@@ -25,7 +25,6 @@ from solvers.base import solve
 from solvers.exact.chain_dp import chain_dp, is_training_chain
 from tests.solvers.exhaustive import min_feasible_budget, optimal_cost
 
-
 # ---- the family oracle ---------------------------------------------------------------------------------
 
 def family_optimal_cost(graph, budget):

@@ -15,10 +15,9 @@ from graphs.generate import linear_training_graph, random_dag, random_training_g
 from graphs.ir import Graph, Node
 from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes, simulate
-from solvers.heuristics import baselines
 from solvers.base import solve
-from solvers.exact.cpsat import cpsat
 from solvers.exact.cpsat_family import family_form, sequence_from_stages, stage_normal_form
+from solvers.heuristics import baselines
 from tests.solvers.cpsat_family_oracle import frontier, optimum
 
 

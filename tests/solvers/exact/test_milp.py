@@ -11,7 +11,6 @@ from graphs.generate import linear_training_graph, random_dag, random_training_g
 from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes, simulate
 from solvers.base import solve
-from solvers.heuristics.keep import sequence_from_kept
 from solvers.exact.milp import baseline_schedules, build_model, lp_bound, run_backend, start_values
 from solvers.exact.stage_model import literal_schedule, modeled_memory, stages_from_sequence
 from tests.solvers.stage_family_oracle import enumerate_optimum, stage_family_optimum

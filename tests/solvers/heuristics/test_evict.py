@@ -10,8 +10,12 @@ from graphs.schedule import Schedule
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes, simulate
 from solvers.base import solve
 from solvers.heuristics.local_search import GapSearch
-from tests.solvers.heuristics.test_dtr import (check_heuristic, check_not_below_optimum, graph_strategy,
-                                    graph_with_random_ops)
+from tests.solvers.heuristics.test_dtr import (
+    check_heuristic,
+    check_not_below_optimum,
+    graph_strategy,
+    graph_with_random_ops,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
