@@ -23,10 +23,9 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    backward nodes) up to CPSAT_MAX_NODES, over the wider family (three computations per value) first on graphs up to
    MILP_MAX_NODES, on larger ones over a family wide enough to hold its hint (up to HINT_MAX_COMPUTATIONS; the
    eviction rollouts, which get a larger share of the time on these graphs, recompute some values three times);
-   the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. (The MILP was the exact step
-   on small training graphs until measured against CP-SAT: on the benchmark graphs of 45-77 nodes CP-SAT proves the
-   same optima in 0.4-11 s where the MILP took up to 51 s, and on traced models' graphs, ResNet and ConvNeXt of
-   88-107 nodes, it proves in 1-3 s where the MILP finds no schedule in 90 s.)
+   the Checkmate MILP on graphs without a backward pass up to MILP_MAX_NODES nodes. CP-SAT, not the MILP, is the
+   exact step on training graphs of every size it holds: it proves the same optima sooner on the benchmark graphs,
+   and on traced models' graphs it proves in seconds where the MILP may find no schedule within the limit.
 The cheapest schedule wins; its status is OPTIMAL when an exact solver proved it or when it costs no more than the
 forced-recomputation bound (auto then stops at once, without the later steps). The reported lower bound is the
 larger of the exact solver's (for its schedule family, dropped when a schedule outside the family beats it) and
@@ -65,15 +64,15 @@ EVICT_SHARE_ALONE = 0.95
 SAFETY_S, SAFETY_SHARE = 8.0, 0.12
 LOWEST_MEMORY_IMPROVE_S = 20.0  # its keep-greedy pass, when nothing else fits
 ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE = 5.0, 0.1  # perturbed rollouts: at most this long, this share of the time
-# where CP-SAT follows (graphs it holds), the rollouts' schedule is its hint, and a better one pays: the transformers
-# zoo at 40 % with 15 s, rollouts 1.3 s -> 3 s, CP-SAT from there (auto: BERT 45.5 % -> 32.4 %, Llama 31.4 % -> 26.8 %)
+# where CP-SAT follows (graphs it holds), the rollouts' schedule is its hint, and a better hint is worth more than the
+# seconds it takes from CP-SAT (on the transformers zoo at 40 % of the peak): hence a larger share there
 ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT = 0.2
 FORCED_BOUND_S, FORCED_BOUND_SHARE = 5.0, 0.1  # the forced-recomputation bound (< 0.5 s on the benchmarks, up to
 # ~4 s with its windows): at most this long, this share of the time
 # rollouts guided by the program-order bound's solution (rollout_search with a prior) on training graphs too large
-# for CP-SAT: a recomputed value's score times GUIDED_PRIOR (0.1 against 0.2 and 0.3: the best or near it on traced
-# T5 at 40 % and 60 % and on generated decoder and random-skip graphs), for at most GUIDED_S, this share of the
-# remaining time
+# for CP-SAT: a recomputed value's score times GUIDED_PRIOR (of 0.1, 0.2 and 0.3, 0.1 is the best or near it on
+# traced T5 at 40 % and 60 % and on generated decoder and random-skip graphs), for at most GUIDED_S, this share of
+# the remaining time
 GUIDED_PRIOR, GUIDED_S, GUIDED_SHARE = 0.1, 5.0, 0.3
 # they also get what is left at the end (at least GUIDED_MIN_LEFT_S, at most GUIDED_LEFT_S), where the best schedule
 # is not within mip_gap of the bound
@@ -231,13 +230,13 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     if not results:
         _raise_if_no_schedule_fits(graph, budget_bytes, infeasible, min(SUBGRAPH_S, 0.2 * remaining()))
     if results and all(r.solver == "lowest_memory" for r in results):
-        # only the minimum-memory rebuild fits: let it keep what it can (resnet50 at 0.108: 1477 % -> 137 %)
+        # only the minimum-memory rebuild fits: let it keep what it can (at resnet50's smallest budget this cuts
+        # the rebuild's recomputation by an order of magnitude)
         attempt("lowest_memory", remaining(), improve_s=min(LOWEST_MEMORY_IMPROVE_S, 0.3 * remaining()))
     if not proven() and remaining() > 0:
-        # perturbing the rollouts' choices finds cheaper schedules where they fit (segnet at its smallest budget:
-        # DTR's 47.97 % becomes ~46 % in a second), a better start for the exact solvers; and schedules where they
-        # get stuck (traced BERT at 40 % with op costs drawn again within 30 %: DTR stuck on three of six draws,
-        # perturbed rollouts 52-53 % in 2 s, the eviction heuristic alone 86-99 %)
+        # perturbing the rollouts' choices finds cheaper schedules where they fit, in a second or two, a better
+        # start for the exact solvers; and it finds schedules where the unperturbed rollouts get stuck (traced
+        # transformers with perturbed op costs), far cheaper than the eviction heuristic's there
         share = ROLLOUT_SEARCH_SHARE if big else ROLLOUT_SEARCH_SHARE_BEFORE_CPSAT
         attempt("rollout_search", min(ROLLOUT_SEARCH_S, share * remaining()), stop_at_cost=forced)
     if has_blocks and not big and not proven() and remaining() > 0:
@@ -248,15 +247,14 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                                          min(ORDER_BOUND_S, ORDER_BOUND_SHARE * limit, remaining()))
         if recomputed and big and training and not proven() and remaining() > 0:
             # where no whole-graph exact solver follows: rollouts that evict first what the bound's solution
-            # recomputes (traced T5 at 40 %, 3 s: 25.35 % -> 23.76 %; a generated 300-layer graph at 0.5: 13.61 % ->
-            # 11.52 % against a bound of 11.34 %). Where CP-SAT follows, they gave it no better start and took its
-            # time (traced BERT at 40 %, 11 s: 38.14 % without, 39.34 % with them).
+            # recomputes, which brings the best schedule close to the bound on large traced and generated
+            # transformers. They are not run where CP-SAT follows: they give it no better start and take its time.
             guided = [GUIDED_PRIOR if v in recomputed else 1.0 for v in range(graph.n)]
             attempt("rollout_search", min(GUIDED_S, GUIDED_SHARE * remaining()), stop_at_cost=order, prior=guided)
     if proven():
         return _pick(graph, results, tried, exact=None, forced=forced, order=order)
     if graph.n <= CPSAT_MAX_NODES and training:
-        exact_name = "cpsat"  # on every training graph it can hold (the module doc says why, with figures)
+        exact_name = "cpsat"  # on every training graph it can hold (the module doc says why)
     elif graph.n <= MILP_MAX_NODES:
         exact_name = "milp"
     else:
@@ -289,9 +287,9 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             else:
                 options["start_sequences"] = [r.schedule.computes for r in ranked[:3]]
         if exact_name == "cpsat" and graph.n <= MILP_MAX_NODES:
-            # small graphs: the wider family first (a value computed up to three times; it proves the MILP's optimum
-            # where two computations fall short: vgg19 at 0.8, 2.76 % against 4.85 %); where it proves nothing in its
-            # share, the default family, whose proof (for that family) comes sooner
+            # small graphs: the wider family first (a value computed up to three times; it reaches the MILP's
+            # optimum where two computations fall short, as on vgg19 at 0.8); where it proves nothing in its share,
+            # the default family, whose proof (for that family) comes sooner
             exact = attempt(exact_name, remaining() * WIDER_FAMILY_SHARE, max_computations=WIDER_COMPUTATIONS,
                             **options)
             if not proven() and (exact is None or exact.status is not Status.OPTIMAL) and remaining() >= 1.0:
@@ -301,7 +299,7 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         else:
             if exact_name == "cpsat" and "hint_sequence" in options:
                 # a family wide enough to hold the best schedule so far as its hint (the eviction rollouts' schedules
-                # recompute some values three times: BERT "test" at 40 %, 46.4 % -> 32.5 % in 10 s with it)
+                # recompute some values three times, and a hint outside the family is lost to CP-SAT)
                 need = _hint_computations(graph, budget_bytes, options["hint_sequence"])
                 if need is not None and 2 < need <= HINT_MAX_COMPUTATIONS:
                     options["max_computations"] = need
@@ -386,10 +384,10 @@ def _forced_bound(graph: Graph, budget_bytes: int, tried: list[dict], seconds: f
     from solvers.bounds.forced_bound import forced_recompute_bound
 
     try:
-        # the window rows cost 1-6 s on graphs of 185-1000 nodes and lifted no bound there at 0.5-0.9
-        # without closures: the program-order bound, run later where nothing meets this one, holds them and more
-        # for every schedule a solver here returns (and the closures cost up to a second on resnet50, lifting
-        # nothing there)
+        # windows on small graphs only: their rows cost 1-6 s on graphs of 185-1000 nodes and lift no bound there
+        # at 0.5-0.9. Without closures: the program-order bound, run later where nothing meets this one, holds them
+        # and more for every schedule a solver here returns (and the closures cost up to a second on resnet50,
+        # lifting nothing there)
         fb = forced_recompute_bound(graph, budget_bytes, time_limit_s=seconds,
                                     windows=graph.n <= MILP_MAX_NODES, closures=False)
     except NoSolutionInTimeError:

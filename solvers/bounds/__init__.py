@@ -1,1 +1,2 @@
-"""Bounds: lower bounds on cost (forced recomputation) and on the budget (subgraph relaxation), and the smallest-budget search."""
+"""Bounds: lower bounds on cost (forced recomputation, program order) and on the budget (subgraph relaxation), and
+the smallest-budget search."""

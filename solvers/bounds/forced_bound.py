@@ -17,12 +17,12 @@ non-recomputable value of V(x) always counts; if those alone overflow room(x), n
 Windows (`windows=True`) add what a value absent at two tight points costs: if an input u of x2 is absent at
 the first computation of x1, an ancestor of x2, u is rebuilt between the two, and so are its inputs unless they
 were resident at x1; such a value that is also absent at x2's first computation and read after it runs three
-times (segnet at its smallest budget: 42.18 % -> 45.80 %, unet 10.92 % -> 13.08 %). See `_window_program`.
+times. This lifts the bound where large values must be rebuilt between tight points (segnet and unet at their
+smallest budgets). See `_window_program`.
 
 Closures (`closures=True`) add what an absent value needs when it is computed again after x: its inputs, resident
-at x or computed again too (solvers.bounds.row_program). On traced transformers, whose backward reads the
-softmax's output but not the scores before it, this lifts the bound most (BERT "test" at 60 % of its peak:
-6.09 % -> 10.89 %; Llama at 40 %: 9.25 % -> 14.61 %).
+at x or computed again too (solvers.bounds.row_program). This lifts the bound most on traced transformers, whose
+backward reads the softmax's output but not the scores before it: dropping the output costs the scores too.
 
 Unlike the MILP's and CP-SAT's bounds, which hold for their schedule families only, this bound holds for all
 schedules. It is weak where memory is spread thin (many small values), and tight where one large value must
@@ -256,7 +256,8 @@ def forced_recompute_bound(graph: Graph, budget_bytes: int, *, time_limit_s: flo
     if windows:
         larger.append(lambda: _window_program(graph, rows))
     if closures:
-        # apart from the windows: together they took seconds more on the Checkmate graphs and lifted nothing
+        # a program apart from the windows': one program with both costs seconds more on the Checkmate graphs and
+        # lifts no bound there
         larger.append(lambda: closure_program(graph, rows))
     for build in larger:
         if time_limit_s is not None and time.perf_counter() - t0 >= 0.5 * time_limit_s:

@@ -12,11 +12,11 @@ the bound for every schedule cannot count. The rows and their recomputation clos
 solvers.bounds.row_program. The order also splits each value's life into intervals between its readers' first
 computations (`life_intervals`): a value absent at a row's time is computed again before its next reader's first
 computation, so within the interval that time falls in, and a value absent in two intervals is computed twice
-more. The program pays per interval (traced GPT-2 at 40 % of its peak: 26.89 % -> 29.87 % recomputation). Within
-one interval, a value can still be computed twice more: absent at a row x1, computed again for the recomputation
-of an absent member that a reader before row x2 needs, and absent again at x2 (RowProgram.add_second_computations;
-the MLP's first matmul of a ViT, read by the GELU recomputed for its backward and by the GELU's backward; with it,
-GPT-2 at 40 % 31.51 %).
+more. The program pays per interval, a tighter bound than one extra computation per value in all (on traced
+transformers, many values are absent at rows of several intervals). Within one interval, a value can still be
+computed twice more: absent at a row x1, computed again for the recomputation of an absent member that a reader
+before row x2 needs, and absent again at x2 (RowProgram.add_second_computations; the MLP's first matmul of a ViT,
+read by the GELU recomputed for its backward and by the GELU's backward).
 
 Graphs of many hundreds of nodes have hundreds of rows, each with a closure over most of the forward pass, too
 large to solve at once. The program is solved on a few rows, the most overfull first; the rows its solution
@@ -166,8 +166,8 @@ def order_bound(graph: Graph, budget_bytes: int, *, time_limit_s: float | None =
     prune_rows: leave out rows another row implies, up to their closures (`undominated_in_order`): fewer rows,
     faster rounds (traced BERT at 60 %: 4 s gives 15.08 % with them left out, 14.60 % with every row), and a bound
     that may miss what a left-out row's closure adds.
-    second_computations: with RowProgram.add_second_computations on each round's rows (traced GPT-2 at 40 % of
-    its peak: 29.87 % -> 32.03 % recomputation; Llama 15.09 % -> 16.85 %; ViT at 60 %: 13.75 % -> 14.11 %)."""
+    second_computations: with RowProgram.add_second_computations on each round's rows (a higher bound on traced
+    transformers: GPT-2, Llama, ViT)."""
     t0 = time.perf_counter()
     deadline = None if time_limit_s is None else t0 + time_limit_s
     all_rows = order_rows(graph, budget_bytes, deadline)

@@ -14,11 +14,12 @@ the query-key matmul.
 Per row x: r[z, x] (z resident at T) for the members and for the closure values met on the way up, a[z, x]
 (z computed again after T, continuous: its least value is 0 or 1 once the r are binary; for a member it is
 1 - r[v]); rows a[z] + r[z] >= a[u] for an input z of u (r[z] >= a[u] if z cannot be recomputed), e[v] >= 1 - r[v]
-for members and e[z] >= a[z] for the rest, e[z] being the extra computations of z (integer), and the memory row: the sizes of the resident
-values within the row's room. Inputs of x and x are resident at T anyway (they are in the room already), as are
-the row's pinned values (non-recomputable members, counted in the room), and values of no size cost nothing: the
-closure stops there, which only loosens the program. Minimise sum cost[z] * e[z]. Any subset of the rows gives a
-valid bound; `undominated` drops rows whose members are a subset of another row's with no less room.
+for members and e[z] >= a[z] for the rest, e[z] being the extra computations of z (integer), and the memory row:
+the sizes of the resident values within the row's room. Inputs of x and x are resident at T anyway (they are in
+the room already), as are the row's pinned values (non-recomputable members, counted in the room), and values of
+no size cost nothing: the closure stops there, which only loosens the program. Minimise sum cost[z] * e[z]. Any
+subset of the rows gives a valid bound; `undominated` drops rows whose members are a subset of another row's with
+no less room.
 
 Where the order of first computations is known (`gap_of`, from solvers.bounds.order_bound), e is kept per value and
 interval of its life between two readers (e[z, gap], 0 or 1), and `add_second_computations` adds a second one,

@@ -1,4 +1,4 @@
-"""The schedule family of the CP-SAT solver (solvers/cpsat.py): stages with at most C computations per node.
+"""The schedule family of the CP-SAT solver (solvers/exact/cpsat.py): stages with at most C computations per node.
 
 Family (C = `max_computations`):
 - stage k (k = 0..n-1, the reference order) ends with the first computation of node k;

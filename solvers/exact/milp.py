@@ -21,8 +21,8 @@ The objective's constant (every node computed once) is not handed to the backend
 
 Backends (`backend=`): "highs" (default; highspy through PuLP's HiGHS API) and "cbc" (PuLP's bundled CBC).
 Warm start (the cheapest schedule of the baselines and of a cost-per-byte keep policy that the model accepts)
-works with both: HiGHS gets it through
-`Highs.setSolution` before the run, CBC through PuLP's `warmStart` (a MIP-start file).
+works with both: HiGHS gets it through `Highs.setSolution` before the run, CBC through PuLP's `warmStart` (a
+MIP-start file).
 """
 from __future__ import annotations
 
@@ -119,11 +119,12 @@ def build_model(graph: Graph, budget_bytes: int, *, relax: bool = False, tighten
     """Build the stage MILP (or its LP relaxation with `relax=True`).
 
     aggregated_free: bound each FREE variable with Checkmate's single aggregated hazard row (the default: a
-    smaller model that HiGHS solved faster on the benchmarks, and Checkmate's published LP bound) instead of
+    smaller model that HiGHS solves faster on the benchmarks, and Checkmate's published LP bound) instead of
     one row per hazard (a slightly tighter relaxation, used by `lp_bound`).
     forced_cuts: add the forced-recomputation rows of `solvers.bounds.forced_bound` (valid for every schedule). They
-    lift the relaxation (segnet at 0.5: proven optimal in 20 s with them), but on unet at its smallest budget
-    HiGHS found a worse schedule in 60 s with them (16.2 % against 13.4 %); `auto` takes that bound separately.
+    lift the relaxation (segnet at 0.5: proven optimal in 20 s with them), but the larger model can slow HiGHS's
+    search for schedules (unet at its smallest budget: a worse schedule in 60 s); `auto` takes that bound
+    separately.
     deadline (time.perf_counter()): NoSolutionInTimeError once it passes (the model has O(n^2) variables: a
     1000-node graph takes minutes to build).
     """
@@ -462,7 +463,7 @@ def milp(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None, 
                 if start is not None:
                     start_name = bname
                     break
-        # keep a margin for reading the solution back and simulating it (mobilenet overran 60 s by ~3 s).
+        # keep a margin for reading the solution back and simulating it (about 3 s on mobilenet at 60 s).
         # HiGHS itself may overrun its limit on very large models (resnet50: 63 s run for a ~45 s limit).
         margin = 0.0 if time_limit_s is None else min(3.0, 0.05 * time_limit_s)
         if time_limit_s is not None and (time.perf_counter() - t0) + 2 * model.build_seconds + margin > time_limit_s:

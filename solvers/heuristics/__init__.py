@@ -1,1 +1,2 @@
-"""Heuristics: the keep-policy baselines, the cheapest recomputation for a kept set, DTR-style eviction, the offline eviction search, perturbed rollouts, the minimum-memory rebuild."""
+"""Heuristics: the keep-policy baselines, the cheapest recomputation for a kept set, DTR-style eviction, the offline
+eviction search, perturbed rollouts, the minimum-memory rebuild."""

@@ -319,9 +319,9 @@ def dtr_local(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = N
               zombies: bool = True) -> Proposal:
     """DTR with h_DTR-local: score(u) = cost(u) / (bytes(u) x staleness(u)), u's own cost only.
 
-    The simplest reading of DTR's score. It is cheaper to evaluate, and it reproduces the figures the
-    tight-budget issue quotes for a DTR-style heuristic on the Checkmate graphs (resnet50 0.11 % / 0.31 % at
-    0.9 / 0.8, segnet 42 % at 0.5); on wide fan-in graphs (rl100, rl250 at 0.9) it evicts values whose
-    recomputation needs many evicted ancestors and gets stuck.
+    The simplest reading of DTR's score. It is cheaper to evaluate, and it gives the figures quoted for a
+    DTR-style heuristic on the Checkmate graphs (resnet50 0.11 % / 0.31 % at 0.9 / 0.8, segnet 42 % at 0.5); on
+    wide fan-in graphs (rl100, rl250 at 0.9) it evicts values whose recomputation needs many evicted ancestors
+    and gets stuck.
     """
     return dtr(graph, budget_bytes, time_limit_s=time_limit_s, zombies=zombies, neighbourhood=False)

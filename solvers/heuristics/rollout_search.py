@@ -1,11 +1,11 @@
 """`rollout_search`: many eviction rollouts with randomly perturbed scores; the cheapest schedule wins.
 
-The greedy eviction engine of `solvers.heuristics.dtr` makes one choice per eviction, by a score; a single bad choice early on
-can cost a large recomputation later (segnet at its smallest budget: DTR recomputes a convolution of 182085 cost
-units where one of 105400 and a few small ones would do). Perturbing the scores explores nearby choices cheaply:
-each rollout multiplies every value's score by its own random factor exp(sigma * N(0, 1)) (sigma drawn from
-SIGMAS per rollout), cycling over three scores: DTR's (bytes x staleness), Belady's (bytes x steps until the next
-use) and Belady's with the recompute cost taken at the next use. The unperturbed rollouts run first, so the result
+The greedy eviction engine of `solvers.heuristics.dtr` makes one choice per eviction, by a score; a single bad choice
+early on can cost a large recomputation later (segnet at its smallest budget: DTR recomputes a convolution of
+182085 cost units where one of 105400 and a few small ones would do). Perturbing the scores explores nearby choices
+cheaply: each rollout multiplies every value's score by its own random factor exp(sigma * N(0, 1)) (sigma drawn
+from SIGMAS per rollout), cycling over three scores: DTR's (bytes x staleness), Belady's (bytes x steps until the
+next use) and Belady's with the recompute cost taken at the next use. The unperturbed rollouts run first, so the result
 is never worse than theirs.
 
 A rollout costs milliseconds on graphs of a hundred nodes, so a few seconds try thousands. Every candidate is
