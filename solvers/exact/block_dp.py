@@ -77,7 +77,8 @@ def _block_data(graph: Graph, bl) -> _BlockData:
         last_b.append(max(b) if b else -1)
         last_f.append(max(f) if f else v)
     return _BlockData(np.array(local, dtype=np.int64), np.array([nodes[v].bytes for v in local], dtype=np.int64),
-                      fin, fuse, np.array(has_b, dtype=bool), np.array(first_b, dtype=np.int64), np.array(last_b, dtype=np.int64),
+                      fin, fuse, np.array(has_b, dtype=bool), np.array(first_b, dtype=np.int64),
+                      np.array(last_b, dtype=np.int64),
                       np.array(last_f, dtype=np.int64), [pos[v] for v in bl.choices], [pos[v] for v in bl.forced],
                       bl.first, bl.last, bl.bwd_window)
 
@@ -262,7 +263,6 @@ class _Plan:
     def _free_events(self) -> np.ndarray:
         """For each node that is not a block's local value: the event after which it is freed (-1: never)."""
         g = self.graph
-        n = g.n
         ev = np.array([max(u) if u else i for i, u in enumerate(g.users)], dtype=np.int64)
         for d in self.data:
             if not d.choices or d.window is None:

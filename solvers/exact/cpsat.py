@@ -1,6 +1,6 @@
 """An exact CP-SAT solver over retention intervals, in the spirit of Moccasin (Bartan et al., ICML 2023).
 
-Family (see solvers/cpsat_family.py): stage k ends with the first computation of node k (reference order) and
+Family (see solvers/exact/cpsat_family.py): stage k ends with the first computation of node k (reference order) and
 may first recompute earlier nodes in ascending id order; each node is computed at most C = `max_computations`
 times; values are freed at their last use. The optimum is exact for that family; `lower_bound_cost` is CP-SAT's
 bound for the family (not for schedules outside it).
@@ -19,7 +19,7 @@ moderate size (exact); otherwise they are scaled and rounded down, so the report
 bound on the true cost, and the solution's true cost comes from the simulator.
 
 Warm starts (the cost phase always gets a complete hint when one exists): a given `hint_sequence`, else the
-cheapest baseline that fits and lies in the family, else the greedy member of solvers/cpsat_greedy.py. When none
+cheapest baseline that fits and lies in the family, else the greedy member of solvers/exact/cpsat_greedy.py. When none
 fits, a feasibility phase minimises the peak (capacity as a variable floored at the budget) from the greedy
 member at the nearest larger budget where the greedy works; reaching the budget ends it at once, and proving
 that the budget cannot be reached proves the family's minimum peak (the InfeasibleBudgetError names it).
@@ -277,13 +277,13 @@ def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int, deadl
 
 
 def default_parameters(workers: int) -> dict:
-    """CP-SAT parameters used unless overridden (measured on the benchmark graphs, see cpsat_measure)."""
+    """CP-SAT parameters used unless overridden (chosen on the benchmark graphs: scripts/measure_cpsat.py)."""
     return {"num_workers": int(workers), "symmetry_level": 0}
 
 
 def feasibility_parameters(workers: int) -> dict:
     """Parameters of the feasibility phase: no LP and no probing, which the peak objective does not need and
-    which measured faster at finding a schedule within budget on rl250 and rl500 at 0.8 (cpsat_measure)."""
+    without which it finds a schedule within budget sooner on rl250 and rl500 at 0.8 (scripts/measure_cpsat.py)."""
     return {"num_workers": int(workers), "symmetry_level": 0, "linearization_level": 0,
             "cp_model_probing_level": 0}
 
@@ -327,7 +327,6 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     """
     from ortools.sat.python import cp_model
 
-    t_start = time.perf_counter()
     check_budget_floor(graph, budget_bytes, SOLVER_NAME)
     if max_computations < 1:
         raise ValueError("max_computations must be >= 1")
@@ -425,7 +424,7 @@ def cpsat(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         floor_units = math.ceil(need - 1e-6 * max(1.0, abs(need)))  # the objective is an integer >= need
         if floor_units > 0:
             # the objective as a variable whose domain starts at the bound: CP-SAT's own bound then starts there
-            # and it ends (OPTIMAL) once a schedule reaches it (a side constraint alone did not lift its bound)
+            # and it ends (OPTIMAL) once a schedule reaches it (a side constraint alone does not lift its bound)
             expr = sum(mdl.cost_units[u] * lit for u in range(graph.n) for lit in mdl.present[u][1:]
                        if mdl.cost_units[u])
             top = sum(mdl.cost_units[u] * (len(mdl.present[u]) - 1) for u in range(graph.n))
