@@ -2,7 +2,7 @@
 from hypothesis import strategies as st
 
 from graphs.generate import linear_training_graph, random_dag, random_training_graph
-from tests.solvers.heuristics.test_dtr import with_random_ops
+from tests.solvers.heuristics.heuristic_cases import with_random_ops
 
 small_graphs = st.one_of(
     st.builds(random_dag, st.integers(1, 8), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.3])),

@@ -13,7 +13,7 @@ from solvers.base import solve
 from solvers.bounds.forced_bound import conflict_rows, forced_recompute_bound
 from tests.solvers.bounds.strategies import oracle_graphs, small_graphs
 from tests.solvers.exhaustive import SearchTooLargeError, optimal_cost
-from tests.solvers.heuristics.test_dtr import with_random_ops
+from tests.solvers.heuristics.heuristic_cases import with_random_ops
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,53 +1,20 @@
-import dataclasses
-import importlib.util
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graphs.benchmarks import load_benchmark
 from graphs.errors import InfeasibleBudgetError
-from graphs.generate import linear_training_graph, random_dag, random_training_graph
+from graphs.generate import random_dag, random_training_graph
 from graphs.ir import Graph
-from graphs.schedule import Status
-from graphs.simulate import budget_from_multiplier, reference_peak_bytes, simulate
+from graphs.simulate import budget_from_multiplier, reference_peak_bytes
 from solvers.base import solve
 from solvers.heuristics.dtr import Rollout, dtr_den
-
-
-def with_random_ops(graph: Graph, mask: int) -> Graph:
-    """The graph with the nodes whose bit is set in `mask` made non-recomputable (dropout-like)."""
-    nodes = [dataclasses.replace(nd, recomputable=not (mask >> nd.id & 1)) for nd in graph.nodes]
-    return Graph(tuple(nodes), fixed_bytes=graph.fixed_bytes, name=graph.name)
-
-
-graph_strategy = st.one_of(
-    st.builds(random_dag, st.integers(1, 14), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.2])),
-    st.builds(random_training_graph, st.integers(1, 10), st.integers(0, 10**6)),
-    st.builds(lambda L: linear_training_graph(L), st.integers(1, 12)),
+from tests.solvers.heuristics.heuristic_cases import (
+    check_heuristic,
+    check_not_below_optimum,
+    graph_strategy,
+    graph_with_random_ops,
 )
-graph_with_random_ops = st.builds(with_random_ops, graph_strategy, st.integers(0, 2**14 - 1) | st.just(0))
-
-
-def check_heuristic(graph: Graph, budget: int, solver: str, **options):
-    """Run `solver`; check the schedule (or the infeasible budget it names, which must then work)."""
-    try:
-        res = solve(graph, budget, solver, **options)
-    except InfeasibleBudgetError as e:
-        assert e.solver == solver
-        assert e.min_budget_bytes is not None and e.min_budget_bytes > budget
-        assert e.min_budget_bytes >= graph.single_op_bound_bytes()
-        assert e.min_budget_bytes <= max(reference_peak_bytes(graph), graph.single_op_bound_bytes())
-        res = solve(graph, e.min_budget_bytes, solver, **options)
-        budget = e.min_budget_bytes
-    sim = simulate(graph, res.schedule)
-    assert res.status is Status.HEURISTIC
-    assert sim.peak_bytes <= budget
-    assert sim.total_cost >= graph.total_cost - 1e-9
-    for nd in graph.nodes:
-        if not nd.recomputable:
-            assert sim.compute_counts[nd.id] <= 1, f"non-recomputable {nd.id} computed {sim.compute_counts[nd.id]}x"
-    return res
 
 
 @pytest.mark.parametrize("solver", ["dtr", "dtr_local"])
@@ -62,23 +29,6 @@ def test_dtr_valid_within_budget_or_names_a_budget_it_meets(solver, graph, frac)
 def test_dtr_at_the_reference_peak_recomputes_nothing(graph):
     res = solve(graph, reference_peak_bytes(graph), "dtr")
     assert res.overhead == 0.0
-
-
-def _exhaustive():
-    if importlib.util.find_spec("tests.solvers.exhaustive") is None:
-        pytest.skip("tests/solvers/exhaustive.py (the exact oracle) is not there yet")
-    return importlib.import_module("tests.solvers.exhaustive")
-
-
-def check_not_below_optimum(graph: Graph, budget: int, solver: str, **options):
-    ex = _exhaustive()
-    best = ex.optimal_cost(graph, budget)
-    try:
-        res = solve(graph, budget, solver, **options)
-    except InfeasibleBudgetError:
-        return
-    assert best is not None, "the heuristic found a schedule where the exhaustive search says none exists"
-    assert res.total_cost >= best[0] - 1e-9
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

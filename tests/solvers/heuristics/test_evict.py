@@ -10,7 +10,7 @@ from graphs.schedule import Schedule
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes, simulate
 from solvers.base import solve
 from solvers.heuristics.local_search import GapSearch
-from tests.solvers.heuristics.test_dtr import (
+from tests.solvers.heuristics.heuristic_cases import (
     check_heuristic,
     check_not_below_optimum,
     graph_strategy,

@@ -9,7 +9,7 @@ from graphs.schedule import Schedule, Status
 from graphs.simulate import reference_peak_bytes, simulate
 from solvers.base import solve
 from solvers.heuristics.lowest_memory import lowest_memory_sequence
-from tests.solvers.heuristics.test_dtr import with_random_ops
+from tests.solvers.heuristics.heuristic_cases import with_random_ops
 
 graphs = st.one_of(
     st.builds(random_dag, st.integers(1, 14), st.integers(0, 10**6), retain_prob=st.sampled_from([0.0, 0.2])),

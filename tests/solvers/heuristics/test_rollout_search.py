@@ -8,7 +8,7 @@ from graphs.simulate import reference_peak_bytes, simulate
 from solvers.base import solve
 from solvers.heuristics.dtr import Rollout
 from solvers.heuristics.rollout_search import SCORES
-from tests.solvers.heuristics.test_dtr import check_heuristic, graph_with_random_ops
+from tests.solvers.heuristics.heuristic_cases import check_heuristic, graph_with_random_ops
 
 SEGNET_MIN_BUDGET = 8287944704  # the smallest budget found for segnet (docs/results/checkmate_sweep.md)
 SEGNET_FORCED_BOUND = 7192630.0  # the forced-recomputation bound there (every schedule costs at least this)
