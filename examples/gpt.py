@@ -1,7 +1,7 @@
 """The project's GPT-style decoder (the demo's model, and the tests' at smaller sizes): token and position
 embeddings, pre-norm blocks with causal self-attention (scaled_dot_product_attention) and a GELU MLP, dropout, and
-an output head tied to the token embedding. `make_gpt_demo()` returns (model, sample_input) as `python -m planner plan` expects;
-`gpt_loss(logits, targets)` is the next-token cross-entropy the demo trains with.
+an output head tied to the token embedding. `make_gpt_demo()` returns (model, sample_input) as
+`python -m planner plan` expects; `gpt_loss(logits, targets)` is the next-token cross-entropy the demo trains with.
 """
 from __future__ import annotations
 

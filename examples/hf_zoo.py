@@ -3,10 +3,10 @@
 
 `build(name, size, labels)` -> (model in train mode, batch). With `labels=True` the batch holds `labels` and the
 model computes its own loss (`out.loss`); with `labels=False` the step's loss is `logits_loss(out)`, the mean square
-of the logits. Sizes: "test" (2 layers, width 32, batch 4, sequence 64: activations outweigh the weights, as in training at scale,
-and each model plans in seconds in the test suite) and
-"bench" (4 layers, width 128, batch 2, sequence 128: the real-models issue's measurements); "small" and "small24"
-(GPT-2-small's width and heads, 12 or 24 layers, batch 1, sequence 512: the scale benchmark).
+of the logits. Sizes: "test" (2 layers, width 32, batch 4, sequence 64: activations outweigh the weights, as in
+training at scale, and each model plans in seconds in the test suite) and "bench" (4 layers, width 128, batch 2,
+sequence 128: the real-models issue's measurements); "small" and "small24" (GPT-2-small's width and heads, 12 or 24
+layers, batch 1, sequence 512: the scale benchmark).
 
 Kinds: a decoder LM with a causal and a padding mask (gpt2, llama), an encoder with a padding mask (bert), a vision
 transformer (vit), conv nets with BatchNorm (resnet) and LayerNorm (convnext), an encoder-decoder (t5).

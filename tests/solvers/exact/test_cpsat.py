@@ -47,8 +47,8 @@ def _linear(seed: int) -> Graph:
     import random
 
     r = random.Random(seed)
-    return linear_training_graph(3, costs=[r.randint(1, 5) for _ in range(7)], sizes=[r.randint(1, 5) for _ in range(7)],
-                                 name=f"linear3_{seed}")
+    return linear_training_graph(3, costs=[r.randint(1, 5) for _ in range(7)],
+                                 sizes=[r.randint(1, 5) for _ in range(7)], name=f"linear3_{seed}")
 
 
 # (graph, max_computations): seeds picked so that several budgets force different recomputations

@@ -52,8 +52,8 @@ def test_rounding_is_valid_and_bounded_by_the_optimum(kind, seed, n, data):
         assert res.total_cost <= res.lower_bound_cost * (1 + 1e-9) + 1e-9
 
 
-@pytest.mark.parametrize("g", [linear_training_graph(5), random_training_graph(4, 7), random_dag(9, 4, retain_prob=0.3)],
-                         ids=lambda g: g.name)
+@pytest.mark.parametrize("g", [linear_training_graph(5), random_training_graph(4, 7),
+                               random_dag(9, 4, retain_prob=0.3)], ids=lambda g: g.name)
 def test_recompute_for_kept_extremes(g):
     n = g.n
     keep_all = np.tril(np.ones((n + 1, n), dtype=bool), -1)
@@ -84,8 +84,8 @@ def test_rounded_schedule_of_random_patterns_is_always_valid():
         assert isinstance(schedule_for_kept(g, S), Schedule)
 
 
-@pytest.mark.parametrize("g", [linear_training_graph(6), random_training_graph(5, 1), random_dag(10, 2, retain_prob=0.3)],
-                         ids=lambda g: g.name)
+@pytest.mark.parametrize("g", [linear_training_graph(6), random_training_graph(5, 1),
+                               random_dag(10, 2, retain_prob=0.3)], ids=lambda g: g.name)
 def test_cost_per_byte_keep_sequences_are_valid_family_members(g):
     from solvers.exact.stage_model import ratio_kept_sequences
 
