@@ -1,11 +1,11 @@
-# Quick start: `make demo` runs the planner on a bundled example; `make test` runs the test suite.
+# Quick start: `make demo` runs the planner on a bundled example; `make test` runs ruff, then the test suite.
 # Both install what they need into .venv at the repo root (torch pinned to the CPU build 2.13.0).
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo lint test clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VPY) scripts/demo.py
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(VPY) -m pytest tests
 
 clean:

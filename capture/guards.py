@@ -22,6 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from capture.random_draws import draws_random
+
 SCALAR_TYPES = (bool, int, float, complex)
 
 @dataclass(frozen=True)
@@ -71,8 +73,7 @@ class _OpLogger(TorchDispatchMode):
             else:
                 logged.append(x)
         schema = getattr(func, "_schema", None)
-        unsafe = bool(schema is not None and schema.is_mutable) or torch.Tag.nondeterministic_seeded in getattr(
-            func, "tags", ())
+        unsafe = bool(schema is not None and schema.is_mutable) or draws_random(func, args, kwargs)
         k = len(self.ops)
         self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe))
         outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -6,7 +6,7 @@ created under it are alive, whoever holds them (Python variables, autograd's sav
 tuple). Outputs that share an input's storage (views, aliases) add nothing. It cannot see kernel
 scratch space that never becomes a tensor.
 
-`measure_peak_bytes(fn, *args)` runs `fn` under a tracker and returns the peak of live bytes
+`peak_bytes_created_during(fn, *args)` runs `fn` under a tracker and returns the peak of live bytes
 created during the call (the caller adds whatever was resident before, e.g. the inputs).
 Used by the tracer's tests and reusable by the executor's.
 """
@@ -60,7 +60,7 @@ class StorageTracker(TorchDispatchMode):
         return out
 
 
-def measure_peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+def peak_bytes_created_during(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
     """Run `fn(*args, **kwargs)` under a StorageTracker.
 
     Returns (peak bytes of storages created during the call that were alive at once, fn's result).

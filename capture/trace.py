@@ -38,6 +38,7 @@ from capture.contract import OpRecord
 from capture.contract import contract as _contract
 from capture.guards import Guard, record_reads_and_guard
 from capture.measure_memory import storage_bytes
+from capture.random_draws import node_draws_random
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 
@@ -488,11 +489,6 @@ class _RecordingInterpreter(torch.fx.Interpreter):
         return out
 
 
-def _is_random(node: torch.fx.Node) -> bool:
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
-
-
 def _tensor_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     seen: dict[torch.fx.Node, None] = {}
     for a in node.all_input_nodes:
@@ -601,7 +597,7 @@ def _build_records(gm, flat_args, cost_model, device, real_run):
                 bytes=new_bytes,
                 cost=cost,
                 backward=backward,
-                random=_is_random(n),
+                random=node_draws_random(n),
                 retain=n in outputs,
                 cheap=not _costs.has_flop_formula(n),
                 flops=f,

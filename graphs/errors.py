@@ -83,3 +83,11 @@ class UnknownSolverError(RematError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else "unknown solver"
+
+
+class ExecutorError(RematError):
+    """A schedule cannot run as a training step (the message says which value is at fault)."""
+
+
+class PlanMismatchError(RematError, ValueError):
+    """A plan is applied to a model or an input it was not made for."""

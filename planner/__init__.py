@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import importlib
 
-_NAMES = {"GB": "planner.api", "Plan": "planner.api", "plan": "planner.api",
-          "PlannedModule": "planner.executor", "PlanMismatchError": "planner.executor",
-          "ExecutorError": "planner.executor"}
+_NAMES = {
+    "GB": "planner.plan_type", "Plan": "planner.plan_type", "plan": "planner.api", "smallest_budget": "planner.api",
+    "SmallestBudget": "planner.problem", "PlannedModule": "planner.runtime",
+    "PlanMismatchError": "graphs.errors", "ExecutorError": "graphs.errors",
+    "InfeasibleBudgetError": "graphs.errors", "NoSolutionInTimeError": "graphs.errors",
+    "max_batch": "planner.fit", "overhead_curve": "planner.curve",
+}
 __all__ = list(_NAMES)
 
 

@@ -113,11 +113,11 @@ def load_size_factory(spec: str):
     if ":" not in spec:
         raise SystemExit(f"expected MODULE:FACTORY, got {spec!r}")
     mod_name, fn_name = spec.split(":", 1)
-    sys.path.insert(0, ".")
-    try:
+    try:  # `python -m planner` has the working directory on sys.path; PYTHONPATH adds others
         return getattr(importlib.import_module(mod_name), fn_name)
     except (ImportError, AttributeError) as e:
-        raise SystemExit(f"cannot load {spec}: {e}") from None
+        raise SystemExit(f"cannot load {spec}: {e} (MODULE is imported from the working directory and "
+                         "PYTHONPATH)") from None
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from planner.api import Plan
+    from planner.plan_type import Plan
 
     p = Plan.load(args.plan)
     print(p.explain())

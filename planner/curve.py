@@ -3,9 +3,11 @@
 `overhead_curve(model, sample_input)` plans the step at `points` budgets evenly spaced from the no-recomputation peak
 down to the smallest budget a schedule is known to meet, and keeps what each plan says: its predicted peak, its
 overhead (recomputed cost over the cost of the step), its status and the lower bound on the overhead where a solver
-proved one, with the schedules it covers (the plot's band uses only bounds that cover every schedule). Per-block checkpointing (where the model has repeated blocks: `per_block_checkpointed`) and
-torch.compile under its `activation_memory_budget` are measured on the same step as points of comparison (peak from
-the allocator's stream, step time over eager's, medians of 5 interleaved steps). `Curve.table()` is markdown; `Curve.plot(path)` draws it (matplotlib).
+proved one, with the schedules it covers (the plot's band uses only bounds that cover every schedule). Per-block
+checkpointing (where the model has repeated blocks: `per_block_checkpointed`) and torch.compile under its
+`activation_memory_budget` are measured on the same step as points of comparison (peak from the allocator's stream,
+step time over eager's, medians of 5 interleaved steps). `Curve.table()` is markdown; `Curve.plot(path)` draws it
+(matplotlib).
 """
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ from typing import Callable
 import torch
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from graphs.simulate import reference_peak_bytes
-from planner.api import GB, LossNotPlannedWarning, bound_covers, plan, smallest_budget
+from planner.api import GB, LossNotPlannedWarning, plan, smallest_budget
 from planner.checkpointing import per_block_checkpointed
-from planner.solver_graph import solver_graph
+from planner.plan_type import bound_covers
 
 
 @dataclass
@@ -63,7 +64,8 @@ class Curve:
             lines.append(f"| {p.budget_bytes / 1e6:.2f} MB | {peak} | {over} | {lb} | {p.status}"
                          + (f" ({p.solver})" if p.solver else "") + " |")
         for m in self.measured:
-            lines.append(f"\n{m.label}: measured peak {m.peak_bytes / 1e6:.2f} MB, step {m.step_over_eager:.2f}x eager's")
+            lines.append(f"\n{m.label}: measured peak {m.peak_bytes / 1e6:.2f} MB, "
+                         f"step {m.step_over_eager:.2f}x eager's")
         return "\n".join(lines)
 
     def plot(self, path: str, title: str = "") -> None:
@@ -107,11 +109,9 @@ def overhead_curve(model: torch.nn.Module, sample_input, *, points: int = 8, los
         say("tracing and planning without recomputation")
         full = plan(model, sample_input, 1e9, cost_model=cost_model, time_limit_s=time_limit_s, traced=traced,
                     loss_fn=loss_fn)
-        # the peak of keeping everything on the graph plan() solves (the plan's own graph, rebuilt after the solve,
-        # can count less)
-        ref = reference_peak_bytes(solver_graph(full.traced, None, full.loss_bytes))
+        ref = full.reference_peak_bytes  # the peak of keeping everything on the graph plan() solves
         say("finding the smallest feasible budget")
-        smallest, _ = smallest_budget(full, time_limit_s)
+        smallest = smallest_budget(full, time_limit_s).budget_bytes
         low = ref if smallest is None else smallest
         budgets = sorted({round(ref - k * (ref - low) / max(1, points - 1)) for k in range(points)}, reverse=True)
         out = []

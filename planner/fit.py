@@ -19,8 +19,8 @@ from typing import Callable
 
 from capture.call import CallSpec
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from planner.api import GB, LossNotPlannedWarning, Plan, _smallest_executable_budget, budget_bytes_from_gb, plan
-from planner.solver_graph import loss_workspace_bytes, trace_model
+from planner.api import GB, LossNotPlannedWarning, Plan, budget_bytes_from_gb, plan, smallest_budget
+from planner.tracing import loss_workspace_bytes, trace_model
 
 
 @dataclass
@@ -59,8 +59,9 @@ class Fit:
             head = f"nothing fits {gb:.6g} GB: the smallest size tried, {self.next.n}, does not ({self.next.reason})"
         else:
             p = self.plan
-            head = (f"largest size that fits {gb:.6g} GB: {self.n} (predicted peak {p.predicted_peak_bytes / GB:.6g} GB, "
-                    f"overhead {100 * p.overhead:.2f}%, {p.status.value})")
+            head = (f"largest size that fits {gb:.6g} GB: {self.n} "
+                    f"(predicted peak {p.predicted_peak_bytes / GB:.6g} GB, overhead {100 * p.overhead:.2f}%, "
+                    f"{p.status.value})")
             if self.next is not None:
                 head += f"; {self.next.n} does not fit: {self.next.reason}"
         return head + f" [sizes traced: {', '.join(map(str, self.traced_sizes))}; {self.seconds:.1f} s]"
@@ -83,7 +84,7 @@ class _Search:
         model, sample, traced = self._build(n)
         call, inputs = CallSpec.of(sample)
         loss_bytes = 0 if self.loss_fn is None else loss_workspace_bytes(model, inputs, self.loss_fn, call)
-        return _smallest_executable_budget(traced, loss_bytes, self.time_limit_s * PROBE_SHARE)[0]
+        return smallest_budget(traced, self.time_limit_s * PROBE_SHARE, loss_bytes=loss_bytes).budget_bytes
 
     def attempt(self, n: int) -> Attempt:
         if n in self.attempts:

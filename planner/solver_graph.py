@@ -1,87 +1,22 @@
 """The graph the solver plans for a traced model: the traced graph adjusted to what the executor holds.
 
-`trace_model` traces with each fx node tagged with its module; `solver_graph` builds the solver's graph from the
-trace (tangents as nodes, the loss's workspace, secondary outputs of recomputed multi-output ops); the helpers
-map a solver schedule back to traced node ids for the executor.
+`solver_graph` builds the solver's graph from the trace (tangents as nodes, the loss's workspace, the secondary
+outputs of multi-output ops); `secondary_outputs` finds those ops, `executor_sequence` turns a schedule into what the
+executor holds, and the last helpers map a solver schedule back to traced node ids for the step builder.
 """
 from __future__ import annotations
 
 import operator
-from collections import Counter
-from typing import Any
-
-import torch
 
 from graphs.ir import Graph
-from planner.executor import free_view_root
+from planner.step_builder import free_view_root
 
 # A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
 LOSS_RESERVE_BYTES = 1024
 
 
-def trace_model(model: torch.nn.Module, sample_input, cost_model: str = "flops", device_name: str | None = None):
-    """`capture.trace.trace` with each fx forward node tagged with the module that ran it.
-
-    The tags (`meta["nn_module_stack"]`) come from forward pre/post hooks that write the current module
-    path into torch.fx's node-meta context while AOTAutograd traces; `node_modules` reads them back.
-    """
-    import torch.fx.traceback as fx_traceback
-
-    from capture.trace import trace
-
-    stack: list[str] = []
-    had_key = "nn_module_stack" in fx_traceback.current_meta
-    saved = fx_traceback.current_meta.get("nn_module_stack")
-
-    def pre(mod, args, name):
-        stack.append(name)
-        fx_traceback.current_meta["nn_module_stack"] = {"planner": (name, type(mod).__name__)}
-
-    def post(mod, args, out, name):
-        if stack:
-            stack.pop()
-        fx_traceback.current_meta["nn_module_stack"] = {"planner": (stack[-1] if stack else "", "")}
-
-    handles = []
-    for name, sub in model.named_modules():
-        handles.append(sub.register_forward_pre_hook(lambda m, a, name=name: pre(m, a, name)))
-        handles.append(sub.register_forward_hook(lambda m, a, o, name=name: post(m, a, o, name)))
-    try:
-        return trace(model, sample_input, cost_model=cost_model, device_name=device_name, contract=True)
-    finally:
-        for h in handles:
-            h.remove()
-        if had_key:
-            fx_traceback.current_meta["nn_module_stack"] = saved
-        else:
-            fx_traceback.current_meta.pop("nn_module_stack", None)
-
-
-def node_modules(traced) -> dict[int, str]:
-    """Graph node id -> the path of the module whose forward produced it ('' for the top level).
-
-    Backward ops are attributed to the module of the forward op they differentiate (same seq_nr).
-    """
-    gm = traced.joint_module
-    by_seq: dict[Any, str] = {}
-    fx_mod: dict[str, str] = {}
-    for n in gm.graph.nodes:
-        st = n.meta.get("nn_module_stack")
-        if n.op == "call_function" and n.meta.get("partitioner_tag") != "is_backward" and st:
-            path = list(st.values())[-1][0]
-            fx_mod[n.name] = path
-            by_seq.setdefault(n.meta.get("seq_nr"), path)
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.name not in fx_mod and n.meta.get("seq_nr") in by_seq:
-            fx_mod[n.name] = by_seq[n.meta["seq_nr"]]
-    out = {}
-    for gid, names in traced.node_map.items():
-        c = Counter(fx_mod.get(nm, "") for nm in names)
-        out[gid] = c.most_common(1)[0][0] if c else ""
-    return out
-
-
-def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, pin_secondaries: bool = False) -> Graph:
+def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
+                 secondaries: dict[int, list[int]] | None = None) -> Graph:
     """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
 
     - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
@@ -98,16 +33,16 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, p
       inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n`.
     - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
       keep theirs): each computation allocates them all, and this keeps every recomputation within the
-      peak at the price of counting them twice while both nodes are resident. `inflate` limits this to
-      the given node ids (plan() keeps it where the schedule recomputes the op or one of its secondary outputs).
+      peak at the price of counting them twice while both nodes are resident (`planner.problem` derives the
+      executor's exact view, which counts each output once, from this graph).
       A backward multi-output op is not recomputable. A secondary output's own node is, but the executor
       recomputes it by indexing the newest result of its op, which keeps all that op's outputs alive from that
       computation on. A forward op's node counts them for that long anyway (the secondary output reads it, so it
       is resident until then); for a backward op's, `executor_sequence` turns a schedule into what the executor
       really holds, and with `pin_secondaries` such nodes are not recomputable at all (plan() falls back to that
       graph when the first does not fit).
-    - With `loss_bytes` (see `loss_workspace_bytes`), a node `loss` of that size reads the model's outputs
-      and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
+    - With `loss_bytes` (see `planner.tracing.loss_workspace_bytes`), a node `loss` of that size reads the model's
+      outputs and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step, unless the model computes its loss itself (every tangent is a
       scalar: the loss is then an output node and its seed the tangent).
@@ -134,8 +69,7 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, p
         for j, t in enumerate(tangents):
             if t in read:
                 readers[j].append(gid)
-    groups = solver_groups(traced)
-    secondary = secondary_outputs(traced)
+    secondary = secondary_outputs(traced) if secondaries is None else secondaries
     secondary_ids = {i for ids in secondary.values() for i in ids}
     recs = []
     read_tangents = [j for j, rs in readers.items() if rs]
@@ -146,7 +80,7 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, p
         # A recomputation of a multi-output op allocates its secondary outputs again: a forward op's node
         # counts them; a backward one (whose secondary outputs are weight gradients) is not recomputed.
         multi = nd.id in secondary
-        counts = multi and not nd.backward and (inflate is None or nd.id in inflate)
+        counts = multi and not nd.backward
         extra_bytes = sum(int(g.nodes[i].bytes) for i in secondary[nd.id]) if counts else 0
         recs.append({
             "id": nd.id, "name": nd.name, "cost": nd.cost, "bytes": int(nd.bytes) + extra_bytes,
@@ -155,7 +89,7 @@ def solver_graph(traced, inflate: set[int] | None = None, loss_bytes: int = 0, p
             "recomputable": (not any(nm in user_out_names for nm in names) and not (multi and nd.backward)
                              and not (pin_secondaries and nd.id in secondary_ids)),
         })
-    order = list(groups)
+    order = list(range(g.n))
     loss_label = g.n + len(tangents)
     out_groups = sorted({gid for gid, names in traced.node_map.items() if any(nm in user_out_names for nm in names)})
     tangent_bytes = sum(strided_bytes(tangents[j].meta["val"]) for j in read_tangents)
@@ -226,32 +160,6 @@ def executor_sequence(graph: Graph, computes, co_outputs: dict[int, list[int]]) 
     return out
 
 
-def exact_peak_bytes(traced, loss_bytes: int, computes_labels) -> int:
-    """The peak the executor reaches running these computations (solver labels, in order): the schedule replayed
-    on the graph without inflated sizes, each multi-output op holding all its outputs for the length of the op
-    (graphs.simulate's co_outputs). At most the solver graph's peak, which counts secondary outputs in the
-    source's size for as long as it is resident."""
-    from graphs.schedule import Schedule
-    from graphs.simulate import simulate
-
-    g0 = solver_graph(traced, set(), loss_bytes)
-    index = {lab: i for i, lab in enumerate(g0.labels)}
-    sched = Schedule.from_sequence(g0, [index[lab] for lab in computes_labels])
-    return simulate(g0, sched, co_outputs(g0, traced)).peak_bytes
-
-
-def co_outputs(graph: Graph, traced) -> dict[int, list[int]]:
-    """secondary_outputs(traced) in the node indices of `graph` (a solver graph of `traced`), as
-    graphs.simulate's co_outputs and executor_sequence take them."""
-    index = {lab: i for i, lab in enumerate(graph.labels)}
-    return {index[src]: [index[x] for x in secs] for src, secs in secondary_outputs(traced).items()}
-
-
-def solver_groups(traced) -> dict[int, list[int]]:
-    """Solver node label -> the traced node ids it runs (one each; the tangents run none)."""
-    return {gid: [gid] for gid in range(traced.graph.n)}
-
-
 def strided_bytes(val) -> int:
     """Bytes of the storage a tensor of this shape and stride needs (what the trace counted for it)."""
     if val.numel() == 0:
@@ -260,46 +168,18 @@ def strided_bytes(val) -> int:
     return int(span * val.element_size())
 
 
-def split_position(graph: Graph, computes, groups: dict[int, list[int]]) -> int:
+def split_position(graph: Graph, computes, traced_nodes: int) -> int:
+    """How many computations of the sequence run before its first node that is not one of the trace's (the loss's
+    workspace or the tangents): the position where the backward half begins."""
     count = 0
     for v in computes:
-        ids = groups.get(graph.labels[v])
-        if ids is None:
+        if graph.labels[v] >= traced_nodes:
             break
-        count += len(ids)
+        count += 1
     return count
 
 
-def traced_sequence(graph: Graph, computes, groups: dict[int, list[int]]) -> list[int]:
-    """A solver-graph compute sequence in traced node ids (tangent nodes dropped, merged nodes expanded)."""
-    out: list[int] = []
-    for v in computes:
-        out.extend(groups.get(graph.labels[v], ()))
-    return out
-
-
-def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> int:
-    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
-    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
-    from capture.measure_memory import StorageTracker
-
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
-        with torch.random.fork_rng(), torch.no_grad():
-            out = model(*inputs) if call is None else call.call(model, inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
-    from torch.utils._pytree import tree_map
-
-    leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
-                      if isinstance(t, torch.Tensor) else t, out)
-    tracker = StorageTracker()
-    with tracker:
-        loss = loss_fn(leaves)
-        loss.backward()
-    from torch.utils._pytree import tree_leaves as _leaves
-
-    grads = sum(strided_bytes(t.grad) for t in _leaves(leaves) if isinstance(t, torch.Tensor) and t.grad is not None)
-    return max(0, int(tracker.peak_bytes) - grads)
+def traced_sequence(graph: Graph, computes, traced_nodes: int) -> list[int]:
+    """A solver-graph compute sequence in traced node ids (the tangents and the loss's workspace dropped: solver
+    labels from `traced_nodes` on)."""
+    return [graph.labels[v] for v in computes if graph.labels[v] < traced_nodes]

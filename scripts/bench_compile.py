@@ -32,8 +32,9 @@ import torch  # noqa: E402
 
 from examples import hf_zoo  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
+from harness.eager_compare import relative_difference, step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import allocator_peak_bytes, interleaved_step_seconds, relative_difference, run_step, step_state  # noqa: E402
+from planner.measure import allocator_peak_bytes, interleaved_step_seconds, run_step  # noqa: E402
 
 
 def first_step_seconds(module, batch) -> float:
@@ -165,11 +166,13 @@ def table(rows: list[dict]) -> str:
             f"{r['torch_compile_compile_s']:.1f} / {r['plan_s']:.1f} + {r['plan_compile_s']:.1f} |")
     for r in rows:
         if "plan_equal_peak_bytes" in r:
-            lines.append(f"\n{r['model']} at equal measured peak: plan budget {r['plan_equal_budget_bytes'] / 1e6:.2f} MB "
+            lines.append(f"\n{r['model']} at equal measured peak: plan budget "
+                         f"{r['plan_equal_budget_bytes'] / 1e6:.2f} MB "
                          f"(predicted {r['plan_equal_predicted_peak_bytes'] / 1e6:.2f} MB, overhead "
                          f"{100 * r['plan_equal_overhead']:.1f} %), compiled step measures "
                          f"{r['plan_equal_peak_bytes'] / 1e6:.2f} MB against torch.compile's "
-                         f"{r['torch_compile_peak_bytes'] / 1e6:.2f} MB; step {r['plan_compiled_equal_step_s'] * 1e3:.1f} "
+                         f"{r['torch_compile_peak_bytes'] / 1e6:.2f} MB; step "
+                         f"{r['plan_compiled_equal_step_s'] * 1e3:.1f} "
                          f"ms against {r['torch_compile_budget_step_s'] * 1e3:.1f} ms; gradients vs eager "
                          f"{r['plan_compiled_equal_grad_vs_eager']:.1e}")
     for r in rows:

@@ -3,8 +3,9 @@
     .venv/bin/python scripts/bench_fit.py [--models decoder conv demo] [--time-limit 5] [--out docs/results/fit.json]
 
 For each model the budget is eager's measured peak at batch 2 (storage-tracking dispatch mode, CPU). The planner's
-answer n is planned and its step measured the same way; per-block checkpointing (`planner.checkpointing.per_block_checkpointed`:
-torch.utils.checkpoint around each module of the model's largest ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
+answer n is planned and its step measured the same way; per-block checkpointing
+(`planner.checkpointing.per_block_checkpointed`: torch.utils.checkpoint around each module of the model's largest
+ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
 """
 from __future__ import annotations
 

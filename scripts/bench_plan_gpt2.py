@@ -19,7 +19,8 @@ import torch  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.solver_graph import solver_graph, trace_model  # noqa: E402
+from planner.solver_graph import solver_graph
+from planner.tracing import trace_model  # noqa: E402
 from tests.models import make_gpt  # noqa: E402
 
 

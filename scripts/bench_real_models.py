@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from examples.hf_zoo import KIND, NAMES, build  # noqa: E402
+from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import interleaved_step_seconds, measure_peak_bytes, step_state  # noqa: E402
+from planner.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
 from scripts.demo import same  # noqa: E402
 
 

@@ -67,7 +67,8 @@ def part_models(names: list[str], size: str, fracs: list[float], time_limit: flo
 
     from examples.hf_zoo import build
     from planner import GB, plan
-    from planner.solver_graph import solver_graph, trace_model
+    from planner.solver_graph import solver_graph
+    from planner.tracing import trace_model
 
     torch.set_num_threads(1)
     rows = []

@@ -24,10 +24,13 @@ import torch  # noqa: E402
 
 from examples.hf_zoo import NAMES, build  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
+from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.api import _smallest_budget, smallest_budget  # noqa: E402
-from planner.measure import measure_peak_bytes, step_state  # noqa: E402
-from planner.solver_graph import solver_graph, trace_model  # noqa: E402
+from planner.api import smallest_budget
+from planner.measure import measure_peak_bytes  # noqa: E402
+from planner.problem import _search_smallest  # noqa: E402
+from planner.solver_graph import solver_graph
+from planner.tracing import trace_model  # noqa: E402
 from scripts.bench_real_models import same_state  # noqa: E402
 
 
@@ -47,9 +50,9 @@ def main() -> None:
         traced = trace_model(model, batch, "time")
         ref = reference_peak_bytes(solver_graph(traced))
         t0 = time.perf_counter()
-        old = _smallest_budget(solver_graph(traced, None, 0, pin_secondaries=True), args.time_limit)[0]
+        old = _search_smallest(solver_graph(traced, pin_secondaries=True), args.time_limit).budget_bytes
         t1 = time.perf_counter()
-        new = smallest_budget(traced, args.time_limit)[0]
+        new = smallest_budget(traced, args.time_limit).budget_bytes
         t2 = time.perf_counter()
         if new is None:
             print(f"| {name} | {old} | none found in {args.time_limit:g} s | | | | |", flush=True)

@@ -1,7 +1,8 @@
 """Compare solvers over benchmark graphs and budget multipliers.
 
 Writes <out>/results.json, <out>/results.md (overhead %, peak/budget, status, lower bound, gap, seconds),
-<out>/pivot.md (one column per solver) and <out>/overhead_vs_budget.png (one panel per graph, one curve per solver, the lower bound as a band).
+<out>/pivot.md (one column per solver) and <out>/overhead_vs_budget.png (one panel per graph, one curve per solver,
+the lower bound as a band).
 
     .venv/bin/python scripts/compare_solvers.py --graphs vgg16 unet --solvers auto chen_greedy \
         --multipliers 1.0 0.9 0.8 --time-limit 60 --out results/compare

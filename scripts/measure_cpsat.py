@@ -41,7 +41,8 @@ def main(argv=None) -> None:
                 print(f"{name} {m} status={r.status.value} overhead={100 * r.overhead:.3f}% "
                       f"lb_overhead={lb} gap={gp} "
                       f"seconds={time.perf_counter() - t:.1f} hint={r.info.get('hint')} "
-                      f"cpsat={r.info.get('cpsat_status')} feasibility_phase={r.info.get('feasibility_phase')}", flush=True)
+                      f"cpsat={r.info.get('cpsat_status')} feasibility_phase={r.info.get('feasibility_phase')}",
+                      flush=True)
             except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
                 print(f"{name} {m} {type(e).__name__}: {e} seconds={time.perf_counter() - t:.1f}", flush=True)
 

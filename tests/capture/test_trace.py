@@ -7,7 +7,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import FlopCounterMode
 
 from capture.costs import EXTRA_FLOP_FORMULAS
-from capture.measure_memory import measure_peak_bytes
+from capture.measure_memory import peak_bytes_created_during
 from capture.trace import trace
 from graphs.simulate import reference_peak_bytes
 from tests.models import MAKERS
@@ -50,7 +50,7 @@ def eager_saved_bytes(model, x) -> int:
 
 def measured_peak(tr, x) -> int:
     primals = [p.detach() for p in tr.primals(x)]
-    peak, out = measure_peak_bytes(tr.joint_module, primals, tr.tangents_like())
+    peak, out = peak_bytes_created_during(tr.joint_module, primals, tr.tangents_like())
     del out
     return tr.graph.fixed_bytes + peak
 

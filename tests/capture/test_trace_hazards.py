@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from capture.costs import DEVICES, roofline_seconds
-from capture.measure_memory import measure_peak_bytes
+from capture.measure_memory import peak_bytes_created_during
 from capture.trace import SpecialisationError, TraceError, trace
 from graphs.simulate import reference_peak_bytes
 from tests.models import make_mlp
@@ -90,7 +90,7 @@ def _check_grads_and_peak(model, inputs, reduce):
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6)
     primals = [p.detach() for p in tr.primals(*inputs)]
-    peak, out = measure_peak_bytes(tr.joint_module, primals, tr.tangents_like())
+    peak, out = peak_bytes_created_during(tr.joint_module, primals, tr.tangents_like())
     del out
     real = tr.graph.fixed_bytes + peak
     assert reference_peak_bytes(tr.graph) == real

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import torch
 
@@ -23,19 +22,9 @@ def make(name: str):
     return MAKERS[name](**CONFIGS[name])
 
 
-def usable_registry() -> None:
-    """Drop registry entries whose module is not in the tree yet (a solver registered ahead of its file),
-    so that "auto" does not fail on an ImportError while other developers are mid-way."""
-    import solvers.base as base
-
-    for name, target in list(base._REGISTRY.items()):
-        if importlib.util.find_spec(target.split(":")[0]) is None:
-            base._REGISTRY.pop(name)
-
-
 def eager_state(model: torch.nn.Module, x, seed: int = 7):
     """Gradients and buffers of one eager step of a copy of `model` under `torch.manual_seed(seed)`."""
-    from planner.measure import step_state
+    from harness.eager_compare import step_state
 
     return step_state(copy.deepcopy(model), x, seed=seed)
 

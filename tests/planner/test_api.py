@@ -10,17 +10,16 @@ import torch
 from graphs.errors import InfeasibleBudgetError, ScheduleFormatError
 from graphs.schedule_json import load_result
 from graphs.simulate import reference_peak_bytes
+from harness.eager_compare import step_state
 from planner import GB, Plan, PlanMismatchError, plan
 from planner.api import budget_bytes_from_gb
-from planner.measure import step_state
 from planner.solver_graph import solver_graph
 from tests.models import make_gpt, make_mlp
-from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, usable_registry
+from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 
 
 @pytest.fixture(scope="module")
 def gpt():
-    usable_registry()
     model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=2)
     first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     ref = reference_peak_bytes(first.graph)
@@ -199,9 +198,8 @@ def test_a_budget_the_no_recomputation_schedule_meets_gets_it():
     keep-everything schedule (no schedule costs less), not a recomputation; one byte less does not."""
     from fractions import Fraction
 
-    from planner.api import _keep_all_if_it_fits
+    from planner.problem import PlanningProblem
 
-    usable_registry()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -210,10 +208,10 @@ def test_a_budget_the_no_recomputation_schedule_meets_gets_it():
     x = torch.randn(4, 3, 16, 16)
     full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     keep_all = full.predicted_peak_bytes
-    conservative = reference_peak_bytes(solver_graph(full.traced, None))
+    conservative = reference_peak_bytes(solver_graph(full.traced))
     assert conservative > keep_all  # the case this test is about
     p = plan(model, x, Fraction(keep_all, GB), cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S)
     assert p.overhead == 0 and p.predicted_peak_bytes == keep_all and p.solver == "auto (checkpoint_all)"
-    assert _keep_all_if_it_fits(full.traced, 0, keep_all) is not None
-    assert _keep_all_if_it_fits(full.traced, 0, keep_all - 1) is None
+    assert PlanningProblem(full.traced).keep_all(keep_all) is not None
+    assert PlanningProblem(full.traced).keep_all(keep_all - 1) is None
     assert_same_state(step_state(p.apply(copy.deepcopy(model)), x, seed=3), eager_state(model, x, seed=3))

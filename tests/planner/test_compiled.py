@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from graphs.simulate import reference_peak_bytes
+from harness.eager_compare import relative_difference, step_state
 from planner import GB, plan
-from planner.api import Plan
-from planner.measure import allocator_peak_bytes, measure_peak_bytes, relative_difference, step_state
+from planner.measure import allocator_peak_bytes, measure_peak_bytes
+from planner.plan_type import Plan
 from tests.models import make_gpt
-from tests.planner.helpers import TIME_LIMIT_S, usable_registry
+from tests.planner.helpers import TIME_LIMIT_S
 
 
 @pytest.fixture(scope="module")
 def dropout_plan():
     """A GPT with dropout planned low enough that a dropout is recomputed in the backward."""
-    usable_registry()
     model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=2)
     first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     ref = reference_peak_bytes(first.graph)
@@ -83,10 +83,8 @@ def test_allocator_peak_counts_what_the_step_allocates():
 def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypatch):
     """A BatchNorm net's eager backward ops read values inductor's decomposed backward does not: the compiled
     forward stops returning them, which lowers the measured peak and leaves the gradients as they were."""
-    import planner.compiled as compiled
+    import planner.inductor as compiled
     from tests.models import make_cnn
-
-    usable_registry()
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     prune = compiled._prune_unread_stash
@@ -114,10 +112,8 @@ def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypat
 def test_a_compiled_step_updates_batchnorm_buffers_inside_its_forward(monkeypatch):
     """BatchNorm's running statistics are written by the compiled forward itself (no new tensors handed back for the
     step to copy in): after two steps every buffer, num_batches_tracked included, and every gradient equal eager's."""
-    import planner.compiled as compiled
+    import planner.inductor as compiled
     from tests.models import make_cnn
-
-    usable_registry()
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     copies = []
@@ -145,10 +141,8 @@ def test_pointwise_stash_values_are_rebuilt_in_the_compiled_backward(monkeypatch
     """A BatchNorm+ReLU output the eager backward reads stashed is rebuilt by the compiled backward from the
     BatchNorm's input, statistics and parameters (all stashed or resident anyway): the forward stops returning it,
     the measured peak is no higher, and the gradients are those of the step that stashes it."""
-    import planner.compiled as compiled
+    import planner.inductor as compiled
     from tests.models import make_cnn
-
-    usable_registry()
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     inner = compiled.rebuild_pointwise_stash

@@ -6,13 +6,11 @@ import pytest
 from planner import GB, plan
 from planner.curve import overhead_curve
 from tests.models import make_gpt
-from tests.planner.helpers import usable_registry
 
 pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
 
 
 def test_curve_points_are_the_plans_at_those_budgets(tmp_path):
-    usable_registry()
     model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=2)
     curve = overhead_curve(model, x, points=4, cost_model="flops", time_limit_s=3, torch_compile_budget=None)
     budgets = [p.budget_bytes for p in curve.points]
@@ -40,11 +38,11 @@ def test_curve_points_are_the_plans_at_those_budgets(tmp_path):
     assert curve.table().count("\n") >= len(curve.points) + 1
 
 
-def test_plan_level_curve_reuses_the_trace():
-    usable_registry()
+def test_a_curve_reuses_a_plans_trace():
     model, x = make_gpt(batch=2, seq=16, vocab=64, n_layers=1)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=3)
-    curve = p.curve(model, x, points=2, time_limit_s=2, measure=False)
+    curve = overhead_curve(model, x, traced=p.traced, cost_model=p.cost_model, points=2, time_limit_s=2,
+                           measure=False)
     assert curve.points[0].budget_bytes == curve.reference_peak_bytes and curve.points[0].overhead == 0.0
     assert len(curve.points) == (1 if curve.smallest_budget_bytes in (None, curve.reference_peak_bytes) else 2)
     assert curve.measured == []

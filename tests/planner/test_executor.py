@@ -7,16 +7,15 @@ import pytest
 import torch
 
 from graphs.simulate import reference_peak_bytes
+from harness.eager_compare import step_state
 from planner import GB, ExecutorError, plan
-from planner.executor import compile_schedule
-from planner.measure import step_state
+from planner.step_builder import build_step
 from tests.models import make_cnn, make_gpt
-from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, usable_registry
+from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 
 
 @pytest.fixture(scope="module")
 def cnn():
-    usable_registry()
     model, x = make_cnn(batch=4, size=16)
     first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     low = plan(model, x, 0.6 * reference_peak_bytes(first.graph) / GB, cost_model="flops", traced=first.traced,
@@ -26,7 +25,6 @@ def cnn():
 
 @pytest.fixture(scope="module")
 def gpt():
-    usable_registry()
     model, x = make_gpt(batch=2, seq=32, vocab=64, n_layers=3)
     first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
     return model, x, first
@@ -69,7 +67,7 @@ def test_eval_and_no_grad_run_the_original(cnn):
 def test_a_reassigned_parameter_is_the_one_trained_and_a_removed_submodule_is_refused(cnn):
     """The planned step reads each parameter from its owning module at every call: a parameter replaced after
     planning (same shape) is the one used and given the gradient; a submodule the plan names, once deleted, raises."""
-    from planner.executor import PlanMismatchError
+    from planner import PlanMismatchError
 
     model, x, low = cnn
     m = copy.deepcopy(model)
@@ -125,7 +123,7 @@ def test_random_ops_out_of_eager_order_are_refused(gpt):
     # the point: the check on the random order fires first)
     swapped = [b if v == a else a if v == b else v for v in seq]
     with pytest.raises(ExecutorError):
-        compile_schedule(traced, swapped)
+        build_step(traced, swapped)
 
 
 def test_forward_output_after_backward_start_is_refused(gpt):
@@ -137,4 +135,4 @@ def test_forward_output_after_backward_start_is_refused(gpt):
     seq.remove(out_node)
     seq.append(out_node)
     with pytest.raises(ExecutorError, match="after the backward has begun"):
-        compile_schedule(traced, seq)
+        build_step(traced, seq)

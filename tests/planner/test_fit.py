@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.api import GB
 from planner.checkpointing import largest_checkpointed_size
 from planner.fit import max_batch
 from planner.measure import measure_peak_bytes
+from planner.plan_type import GB
 from tests.models import make_cnn, make_gpt
-from tests.planner.helpers import usable_registry
 
 pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
 
@@ -20,7 +19,6 @@ MAKERS = {
 
 @pytest.mark.parametrize("kind", list(MAKERS))
 def test_max_batch_beats_per_block_checkpointing_at_eager_memory_of_batch_2(kind):
-    usable_registry()
     make = MAKERS[kind]
     model, x = make(2)
     budget_bytes = measure_peak_bytes(model, x)
@@ -40,7 +38,6 @@ def test_max_batch_beats_per_block_checkpointing_at_eager_memory_of_batch_2(kind
 
 
 def test_max_overhead_caps_the_answer():
-    usable_registry()
     make = MAKERS["decoder"]
     model, x = make(2)
     budget_bytes = measure_peak_bytes(model, x)
@@ -53,7 +50,6 @@ def test_max_overhead_caps_the_answer():
 
 
 def test_nothing_fits_a_tiny_budget():
-    usable_registry()
     fit = max_batch(MAKERS["decoder"], 1e-6, cost_model="flops", time_limit_s=2)
     assert fit.n is None and fit.plan is None
     assert fit.next.n == 1 and not fit.next.fits
@@ -61,10 +57,8 @@ def test_nothing_fits_a_tiny_budget():
 
 
 def test_fit_command_prints_the_answer_and_writes_its_plan(tmp_path, capsys):
-    from planner.api import Plan
     from planner.cli import main
-
-    usable_registry()
+    from planner.plan_type import Plan
     model, x = make_gpt(batch=2)
     budget = measure_peak_bytes(model, x)
     out = tmp_path / "fit.json"

@@ -1,11 +1,11 @@
-"""The compiled path: a planned step's forward and backward modules compiled by inductor.
+"""The inductor path: a planned step's forward and backward halves compiled by inductor.
 
-`compile_step(step)` takes the two fx modules that `compile_schedule(..., for_compiler=True)` builds for a
+`compile_halves(step)` takes the two fx modules that `build_step(..., for_inductor=True)` builds for a
 schedule (the recomputations already in the backward module, every random op a `planner.random_ops` custom op) and
 compiles each with inductor: first a retrace with inductor's decompositions (on fake tensors, so nothing runs and
 nothing is allocated), then `compile_fx_inner`, the compiler torch.compile runs after its own partitioner. The
 plan's saved set and recomputations are the schedule's: the partitioner of torch.compile never runs. The result
-is a CompiledStep with the same calling conventions (the backward takes a list and clears it), so the planned
+is a StepHalves with the same calling conventions (the backward takes a list and clears it), so the planned
 module runs it unchanged.
 
 Why compile the halves, rather than hand a partition function to torch.compile: the joint graph torch.compile
@@ -25,9 +25,10 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from planner.executor import CompiledStep, ExecutorError
+from graphs.errors import ExecutorError
 from planner.fused_recompute import rebuild_pointwise_stash
 from planner.random_ops import state_like
+from planner.step_builder import StepHalves
 
 # What inductor may change for the planned halves (measured on transformers models at bench size, scripts/
 # bench_compile.py and docs/compile.md):
@@ -115,11 +116,11 @@ def _prune_unread_stash(f_gm: torch.fx.GraphModule, b_gm: torch.fx.GraphModule, 
     return [k for k in range(len(b_phs)) if k not in drop]
 
 
-def _update_buffers_in_graph(f_gm: torch.fx.GraphModule, step: CompiledStep) -> None:
+def _update_buffers_in_graph(f_gm: torch.fx.GraphModule, step: StepHalves) -> None:
     """Write the forward's buffer updates (BatchNorm's running statistics) into the buffers inside the compiled
     forward, as torch.compile does, instead of returning new tensors that the planned step copies in afterwards:
     inductor then fuses the writes into its kernels. The copies go last, after every read of the old values (a
-    stashed old value is a clone already: executor.compile_schedule); the forward returns None in their place."""
+    stashed old value is a clone already: step_builder.build_step); the forward returns None in their place."""
     phs = [n for n in f_gm.graph.nodes if n.op == "placeholder"]
     out = next(n for n in f_gm.graph.nodes if n.op == "output")
     values = list(out.args[0])
@@ -133,8 +134,8 @@ def _update_buffers_in_graph(f_gm: torch.fx.GraphModule, step: CompiledStep) -> 
     f_gm.recompile()
 
 
-def compile_step(step: CompiledStep) -> tuple[CompiledStep, CompileTimes]:
-    """`step` (built with for_compiler=True) with both modules compiled by inductor, and the compile times."""
+def compile_halves(step: StepHalves) -> tuple[StepHalves, CompileTimes]:
+    """`step` (built with for_inductor=True) with both modules compiled by inductor, and the compile times."""
     mode = FakeTensorMode()
     fwd, bwd = step.forward_module, step.backward_module
     f_phs = [n for n in fwd.graph.nodes if n.op == "placeholder"]

@@ -1,6 +1,6 @@
-"""The executor: a schedule of a traced graph -> two fx modules -> an autograd function -> a drop-in module.
+"""Building a planned step: a schedule of a traced graph -> the eager forward and backward fx modules.
 
-`compile_schedule(traced, compute_sequence)` rewrites the joint fx graph of a `capture.trace.TraceResult`
+`build_step(traced, compute_sequence)` rewrites the joint fx graph of a `capture.trace.TraceResult`
 in schedule order: each computation of a graph node copies the fx nodes it covers (`traced.node_map`),
 a node computed again is a recomputation (a second copy), and every later reader uses the newest copy.
 fx code frees each value right after its last use, so the order of the copies determines the frees,
@@ -12,20 +12,15 @@ of the forward module that the backward reads are handed over ("stashed") and fr
 at their last use (the backward takes its arguments boxed in a list that it clears, so nothing else
 keeps them alive). A forward output, an updated buffer and the first computation of a random op
 (dropout) must come before the split, random ops in the order eager PyTorch draws them;
-`compile_schedule` checks this and raises ExecutorError otherwise. A random op may be recomputed:
+`build_step` checks this and raises ExecutorError otherwise. A random op may be recomputed:
 the generator state is saved before its first computation and replayed around every recomputation
 (then restored), so the recomputed mask is bitwise the first one and the global RNG stream is
 untouched.
 
-With `for_compiler=True` the modules are built for inductor (`planner.compiled`): a random op is a
+With `for_inductor=True` the modules are built for inductor (`planner.inductor`): a random op is a
 `planner.random_ops` custom op instead (a draw that returns the generator state it started from, chained in
 eager's order, and a redraw from that state), since inductor would replace it with its own generator.
-
-`PlannedModule` wraps the original model: parameters, buffers and state_dict are the model's own, the
-forward runs the planned step through `_PlannedStep` (a torch.autograd.Function), updated buffers are
-copied into the model's buffers in place (as eager BatchNorm does), and gradients land on the model's
-parameters. In eval mode or under torch.no_grad it simply runs the original model. With `compile=True` both
-halves are compiled by inductor at the first call.
+The runtime (`planner.runtime`) runs the halves as one autograd function.
 """
 from __future__ import annotations
 
@@ -37,17 +32,10 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from graphs.errors import RematError
+from capture.random_draws import node_draws_random
+from graphs.errors import ExecutorError
 from planner import random_ops
 from planner.rng import get_rng_state, set_rng_state
-
-
-class ExecutorError(RematError):
-    """A schedule cannot run as a training step (the message says which value is at fault)."""
-
-
-class PlanMismatchError(RematError, ValueError):
-    """A plan is applied to a model or an input it was not made for."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +71,7 @@ def tangent_dependent(gm: torch.fx.GraphModule, num_primals: int) -> set[torch.f
 
 
 @dataclass
-class CompiledStep:
+class StepHalves:
     """The two halves of a planned training step.
 
     forward_module(*primals) -> [*user output leaves, *buffer updates, *stash]
@@ -105,26 +93,10 @@ class CompiledStep:
     num_primals: int
 
 
-def _random_draws(node: torch.fx.Node) -> bool:
-    """True if the op draws random numbers (an op with a zero `dropout_p` draws none)."""
-    tags = getattr(node.target, "tags", ())
-    if torch.Tag.nondeterministic_seeded not in tags:
-        return False
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None:
-        names = [a.name for a in schema.arguments]
-        if "dropout_p" in names:
-            k = names.index("dropout_p")
-            val = node.kwargs.get("dropout_p", node.args[k] if k < len(node.args) else schema.arguments[k].default_value)
-            if isinstance(val, (int, float)) and val == 0:
-                return False
-    return True
-
-
 def draws_random(traced, gid: int) -> bool:
     """True if graph node `gid` of a trace contains an op that draws random numbers."""
     by_name = _by_name(traced.joint_module)
-    return any(_random_draws(by_name[name]) for name in traced.node_map[gid])
+    return any(node_draws_random(by_name[name]) for name in traced.node_map[gid])
 
 
 def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
@@ -135,8 +107,8 @@ def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
     return cache
 
 
-def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, *,
-                     for_compiler: bool = False) -> CompiledStep:
+def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
+                     for_inductor: bool = False) -> StepHalves:
     """Build the forward and backward fx modules that run `sequence` (graph node ids, recomputations
     repeated) of `traced` (a TraceResult). The backward begins at position `split` of the sequence
     (default and upper limit: the first computation that depends on a tangent); the planner passes the
@@ -144,7 +116,7 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, 
     loss runs before it. Raises ExecutorError if the sequence cannot run as a training step (see the
     module docstring).
 
-    `for_compiler`: modules for inductor (`planner.compiled`): every random fx node becomes a
+    `for_inductor`: modules for inductor (`planner.inductor`): every random fx node becomes a
     `planner.random_ops` custom op (draw in the forward, redraw from the saved state in a recomputation), and
     no Python-level kernels are substituted."""
     gm = traced.joint_module
@@ -172,17 +144,17 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, 
     for ph in primal_phs:
         env_f[ph] = fg.placeholder(ph.name)
         env_f[ph].meta = dict(ph.meta)
-    random_groups = {gid for gid, ms in members.items() if any(_random_draws(m) for m in ms)}
+    random_groups = {gid for gid, ms in members.items() if any(node_draws_random(m) for m in ms)}
     recomputed_random = {gid for gid in random_groups if seq.count(gid) > 1}
     done: set[int] = set()
 
     last_draw: list[torch.fx.Node] = []  # the compiler path's previous draw state: draws keep eager's order
     rng_devices: dict[str, str] = {}  # the compiler path: the device of each saved generator state
 
-    def emit_for_compiler(graph: torch.fx.Graph, env: dict, v: int) -> None:
+    def emit_for_inductor(graph: torch.fx.Graph, env: dict, v: int) -> None:
         """Copy group v into `graph`, each random fx node as a draw (first time) or a redraw (random_ops)."""
         for m in members[v]:
-            if not _random_draws(m):
+            if not node_draws_random(m):
                 env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph))
                 continue
             key, tensor_args = random_ops.register(m)
@@ -206,8 +178,8 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, 
 
     def emit(graph: torch.fx.Graph, env: dict, v: int) -> None:
         """Copy group v into `graph`; a random group's recomputation replays its first RNG state."""
-        if for_compiler:
-            return emit_for_compiler(graph, env, v)
+        if for_inductor:
+            return emit_for_inductor(graph, env, v)
         device = _group_device(members[v])
         if v in recomputed_random and v not in done:
             env[_rng_key(v)] = graph.call_function(get_rng_state, (device,))
@@ -237,9 +209,9 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, 
     for v in seq[split:]:
         if v in random_groups and v not in replayed_b:
             replayed_b.add(v)
-            if for_compiler:
+            if for_inductor:
                 for m in members[v]:
-                    if _random_draws(m):
+                    if node_draws_random(m):
                         external.setdefault(_rng_key(m.name), None)
             else:
                 external.setdefault(_rng_key(v), None)
@@ -310,7 +282,7 @@ def compile_schedule(traced, sequence: Sequence[int], split: int | None = None, 
     fmod = torch.fx.GraphModule(gm, fg, class_name="PlannedForward")
     bmod = torch.fx.GraphModule(gm, bg, class_name="PlannedBackward")
     specs = [(tuple(t.meta["val"].shape), tuple(t.meta["val"].stride()), t.meta["val"].dtype) for t in tangent_phs]
-    return CompiledStep(
+    return StepHalves(
         forward_module=fmod,
         backward_module=bmod,
         num_outputs=len(leaf_nodes),
@@ -399,7 +371,7 @@ def _check_forward_part(traced, seq, split, members, outs, kinds, fx_index) -> N
                 raise ExecutorError(
                     f"the schedule computes {kind} '{o.name}' (graph node {gid}) after the backward has begun; "
                     "a forward output must be computed in the forward part")
-    random_groups = [gid for gid, ms in members.items() if any(_random_draws(m) for m in ms)]
+    random_groups = [gid for gid, ms in members.items() if any(node_draws_random(m) for m in ms)]
     for gid in random_groups:
         if gid not in first:
             raise ExecutorError(f"random graph node {gid} is never computed")
@@ -407,194 +379,7 @@ def _check_forward_part(traced, seq, split, members, outs, kinds, fx_index) -> N
             raise ExecutorError(f"random graph node {gid} runs after the backward has begun: eager draws it in the "
                                 "forward, so the random numbers would differ")
     by_position = sorted(random_groups, key=lambda g: first[g])
-    by_eager = sorted(random_groups, key=lambda g: min(fx_index[m] for m in members[g] if _random_draws(m)))
+    by_eager = sorted(random_groups, key=lambda g: min(fx_index[m] for m in members[g] if node_draws_random(m)))
     if by_position != by_eager:
         raise ExecutorError(f"the schedule runs the random ops in the order {by_position}, eager draws them in the "
                             f"order {by_eager}: the random numbers would differ")
-
-
-# ---------------------------------------------------------------------------------------------
-# The autograd function and the drop-in module
-# ---------------------------------------------------------------------------------------------
-class _PlannedStep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, runner: "StepRunner", *primals):
-        step = runner.step
-        res = step.forward_module(*primals)
-        n_out, n_buf = step.num_outputs, len(step.buffer_updates)
-        outputs = res[:n_out]
-        updates = res[n_out:n_out + n_buf]
-        ctx.stash = list(res[n_out + n_buf:])
-        del res
-        with torch.no_grad():
-            for name, new in zip(step.buffer_updates, updates):
-                if new is not None:  # None: the compiled forward updated the buffer itself (planner.compiled)
-                    runner.buffers[name].copy_(new)
-        del updates
-        ctx.runner = runner
-        nondiff = [o for o in outputs if isinstance(o, torch.Tensor) and not o.is_floating_point()
-                   and not o.is_complex()]
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
-        # an output the loss does not reach gets None, not a zero tensor (the executor makes the zero
-        # tangents the traced graph needs itself, and refuses a gradient the trace did not plan for)
-        ctx.set_materialize_grads(False)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx, *grad_outputs):
-        runner: StepRunner = ctx.runner
-        step = runner.step
-        if ctx.stash is None:
-            raise RuntimeError("the planned step's backward ran twice: its saved values are gone "
-                               "(backward through a planned step once per forward)")
-        for k, g in enumerate(grad_outputs):
-            if g is not None and step.own_loss_leaf is not None and k != step.own_loss_leaf:
-                raise PlanMismatchError(
-                    f"a gradient reached output leaf {k}, which the plan does not differentiate: the model "
-                    "computed its own loss, so the plan differentiates that loss alone; to backpropagate through "
-                    "the other outputs too, plan without labels and pass loss_fn=")
-        args = ctx.stash
-        ctx.stash = None
-        # Autograd holds the incoming gradients until this function returns; a gradient made here to
-        # the traced strides is held as long too, so the tangent lives the whole backward either way
-        # (the solver graph models it so).
-        held = []
-        for j in step.tangent_order:
-            shape, stride, dtype = step.tangent_specs[j]
-            g = grad_outputs[step.tangent_outputs[j]]
-            if g is None:
-                g = torch.zeros(shape, dtype=dtype, device=runner.device)
-            if tuple(g.stride()) != stride or g.dtype != dtype:
-                # the graph was traced for these strides (as AOTAutograd does, make them so)
-                t = torch.empty_strided(shape, stride, dtype=dtype, device=g.device)
-                t.copy_(g)
-                g = t
-            held.append(g)
-            args.append(g)
-        grads = step.backward_module(args)
-        del held
-        return (None, *grads)
-
-
-class StepRunner:
-    """Binds a CompiledStep to one model's buffers and device."""
-
-    def __init__(self, step: CompiledStep, buffers: dict[str, torch.Tensor], device: torch.device):
-        self.step = step
-        self.buffers = buffers
-        self.device = device
-
-
-class _NamedTensors:
-    """The parameters or buffers (`kind` "_parameters" / "_buffers") of a module under the traced dotted names, read
-    from their owning modules' own dictionaries at each call, so that a reassigned parameter or a replaced
-    submodule is seen, without walking the whole module tree as named_parameters() does (half a millisecond per
-    step on a 92-module ResNet, a tenth of its compiled step). The owners are looked up once and checked at each
-    call: every link from the root to an owner must still hold the same module, or they are looked up again."""
-
-    def __init__(self, names: Sequence[str], kind: str):
-        self.names = list(names)
-        self.kind = kind
-        self.root: torch.nn.Module | None = None
-        self.links: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []  # (parent, key, child)
-        self.slots: list[tuple[dict, str]] = []  # (owner's dict of this kind, leaf name) per name
-
-    def _resolve(self, root: torch.nn.Module) -> None:
-        owners: dict[str, torch.nn.Module] = {"": root}
-        links = []
-
-        def owner(prefix: str) -> torch.nn.Module:
-            m = owners.get(prefix)
-            if m is None:
-                parent_name, _, key = prefix.rpartition(".")
-                parent = owner(parent_name)
-                m = parent._modules.get(key)
-                if m is None:
-                    raise PlanMismatchError(f"the model has no submodule '{prefix}' any more, which the plan was "
-                                            "traced with: re-plan")
-                owners[prefix] = m
-                links.append((parent, key, m))
-            return m
-
-        slots = []
-        for name in self.names:
-            prefix, _, leaf = name.rpartition(".")
-            slots.append((getattr(owner(prefix), self.kind), leaf))
-        self.root, self.links, self.slots = root, links, slots
-
-    def __call__(self, root: torch.nn.Module) -> list[torch.Tensor]:
-        if root is not self.root or not all([parent._modules.get(key) is child for parent, key, child in self.links]):
-            self._resolve(root)
-        out = [d.get(leaf) for d, leaf in self.slots]
-        missing = [name for name, t in zip(self.names, out) if t is None]
-        if missing:
-            self.root = None  # look again next time
-            what = "parameter" if self.kind == "_parameters" else "buffer"
-            raise PlanMismatchError(f"the model has no {what} '{missing[0]}' any more, which the plan was traced "
-                                    "with: re-plan")
-        return out
-
-
-class PlannedModule(torch.nn.Module):
-    """A drop-in replacement of `model` for training that runs a planned schedule.
-
-    `out = m(*inputs)` (or `m(**batch)`, as the plan was traced); `loss(out).backward(); optimizer.step()` work
-    as with the original model; the
-    parameters, buffers, gradients and state_dict are the original model's (under the `module.` prefix
-    for state_dict). Inputs must match the traced specialisation (shapes, dtypes, values read in Python)
-    or PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
-    """
-
-    def __init__(self, model: torch.nn.Module, plan, traced=None, compile: bool = False):
-        super().__init__()
-        self.module = model
-        self._plan = plan
-        self._traced = traced
-        self._runner: StepRunner | None = None
-        self.compiled = compile
-        self._params: _NamedTensors | None = None  # the traced parameters and buffers (set with the runner)
-        self._buffers_of: _NamedTensors | None = None
-        self.compile_seconds: float | None = None  # inductor's time for both halves (compile=True, after the first step)
-
-    @property
-    def plan(self):
-        return self._plan
-
-    def _prepare(self, inputs: tuple) -> None:
-        if self._runner is None:
-            step = compile_schedule(self._traced, self._plan.compute_sequence, self._plan.split_position,
-                                    for_compiler=self.compiled)
-            if self.compiled:
-                from planner.compiled import compile_step
-
-                step, times = compile_step(step)
-                self.compile_seconds = times.total_s
-            device = inputs[0].device if inputs else next(self.module.parameters()).device
-            self._runner = StepRunner(step, dict(self.module.named_buffers()), device)
-            self._params = _NamedTensors(self._traced.param_names, "_parameters")
-            self._buffers_of = _NamedTensors(self._traced.buffer_names, "_buffers")
-
-    def forward(self, *args, **kwargs):
-        if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
-            return self.module(*args, **kwargs)
-        if self._traced is None:  # a loaded plan: trace on the first call's input (the plan checks the graph)
-            self._traced = self._plan._trace_for(self.module, (args, kwargs) if kwargs else args)
-        tr = self._traced
-        try:
-            inputs = tr.call_spec.flatten(args, kwargs) if tr.call_spec is not None else args
-            tr.check_input(*inputs)
-        except RematError as e:
-            raise PlanMismatchError(f"this plan does not fit the input: {e}") from e
-        self._prepare(inputs)
-        params = self._params(self.module)
-        buffer_list = self._buffers_of(self.module)
-        for k, t in enumerate(inputs):
-            if isinstance(t, torch.Tensor) and t.requires_grad and not self._runner.step.grad_of_primal[
-                    len(tr.param_names) + len(tr.buffer_names) + k]:
-                raise PlanMismatchError(f"input {k} requires grad, but the plan was traced with an input "
-                                        "that did not: re-plan with such an input")
-        self._runner.buffers = dict(zip(tr.buffer_names, buffer_list))
-        primals = params + buffer_list + list(inputs)
-        leaves = _PlannedStep.apply(self._runner, *primals)
-        return tr.output_spec.unflatten(list(leaves))

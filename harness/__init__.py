@@ -1,0 +1,1 @@
+"""Harness of the benchmarks and the tests (not part of the installed library)."""

@@ -1,0 +1,104 @@
+"""plan() builds what it needs once: one solver graph per solve (a fallback to the pinned graph adds one; the
+executor's exact view is derived from the solver graph, not built), one walk of the trace for the multi-output ops,
+and the step's fx halves once across plan(), apply() and the first call."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import planner.api as api_module
+import planner.plan_type as plan_module
+import planner.problem as problem_module
+import planner.runtime as runtime_module
+from graphs.errors import InfeasibleBudgetError
+from harness.eager_compare import step_state
+from planner import GB, Plan, plan
+from tests.models import make_gpt
+from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
+
+pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
+
+@pytest.fixture
+def counts(monkeypatch):
+    """Counts of solver-graph builds, trace walks for secondary outputs and builds of the step's halves."""
+    seen = {"solver_graph": 0, "secondary_outputs": 0, "build_step": 0}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            seen[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(problem_module, "solver_graph", counting("solver_graph", problem_module.solver_graph))
+    monkeypatch.setattr(problem_module, "secondary_outputs",
+                        counting("secondary_outputs", problem_module.secondary_outputs))
+    build = counting("build_step", plan_module.build_step)
+    for module in (api_module, plan_module, runtime_module):
+        monkeypatch.setattr(module, "build_step", build)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    model, x = make_gpt(batch=2, seq=16, vocab=64, n_layers=2)
+    return model, x, plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+
+
+def test_one_solver_graph_per_solve_and_one_step_build(gpt, counts):
+    model, x, full = gpt
+    assert full.problem.secondaries  # layer norms: the case with two views
+    p = plan(model, x, int(0.85 * full.reference_peak_bytes) / GB, cost_model="flops", traced=full.traced,
+             time_limit_s=TIME_LIMIT_S)
+    assert p.result.sim.recomputed  # a real solve, not the keep-everything schedule
+    fallback = p.graph_kind == "pinned"
+    assert counts["solver_graph"] == (2 if fallback else 1)
+    assert counts["secondary_outputs"] == 1
+    assert counts["build_step"] == 1  # plan() builds the halves: the check that the executor can run it
+    step = p.apply(copy.deepcopy(model))
+    assert counts["build_step"] == 1  # apply() takes them
+    state = step_state(step, x, seed=3)
+    step_state(step, x, seed=4)
+    assert counts["build_step"] == 1  # nor does any call
+    assert_same_state(state, eager_state(model, x, seed=3))
+
+
+def test_a_fallback_builds_one_more_graph(gpt, counts, monkeypatch):
+    model, x, full = gpt
+    # a schedule the executor cannot hold as solved: plan() solves again on the graph with secondary outputs pinned
+    monkeypatch.setattr(problem_module.PlanningProblem, "executable", lambda self, graph, result: None)
+    p = plan(model, x, int(0.85 * full.reference_peak_bytes) / GB, solver="dtr", cost_model="flops",
+             traced=full.traced, time_limit_s=TIME_LIMIT_S)
+    assert p.graph_kind == "pinned"
+    assert counts["solver_graph"] == 2 and counts["secondary_outputs"] == 1 and counts["build_step"] == 1
+
+
+def test_keeping_everything_solves_on_the_exact_view_without_another_build(gpt, counts):
+    model, x, full = gpt
+    p = plan(model, x, 1000.0, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S)
+    assert p.overhead == 0 and p.graph_kind == "exact"
+    assert counts["solver_graph"] == 1 and counts["build_step"] == 1
+
+
+def test_an_infeasible_budget_reuses_the_problems_graph(gpt, counts):
+    model, x, full = gpt
+    with pytest.raises(InfeasibleBudgetError):
+        plan(model, x, 1000 / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S)
+    # the solve and the smallest-budget search share the solver graph; the search may fall back to the pinned one
+    assert counts["solver_graph"] in (1, 2) and counts["secondary_outputs"] == 1 and counts["build_step"] == 0
+
+
+def test_a_loaded_plan_builds_its_graph_and_halves_once(gpt, counts, tmp_path):
+    model, x, full = gpt
+    full.to_json(tmp_path / "plan.json")
+    loaded = Plan.load(tmp_path / "plan.json")
+    step = loaded.apply(copy.deepcopy(model), x)  # traces, checks the graph, builds the halves
+    assert counts["solver_graph"] == 1 and counts["build_step"] == 1
+    step_state(step, x, seed=3)
+    assert counts["build_step"] == 1
+
+
+def test_apply_for_inductor_builds_its_halves_once(gpt, counts):
+    model, x, full = gpt
+    step = full.apply(copy.deepcopy(model), compile=True)
+    assert counts["build_step"] == 1 and step._halves is not None  # compiled by inductor at the first call
