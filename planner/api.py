@@ -12,14 +12,16 @@ import math
 import time
 import warnings
 from fractions import Fraction
+from typing import Callable
 
 import torch
 
 from capture.call import CallSpec
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
 from planner.plan_type import GB, Plan, fingerprint
 from planner.problem import GraphKind, PlanningProblem, SmallestBudget
+from planner.progress import Reporter
 from planner.solver_graph import split_position, traced_sequence
 from planner.step_builder import build_step
 from planner.tracing import loss_workspace_bytes, node_modules, trace_model
@@ -54,7 +56,7 @@ def smallest_budget(plan_or_traced, time_limit_s: float = 30.0, *, loss_bytes: i
 
 def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str = "auto",
          cost_model: str = "auto", time_limit_s: float = 60.0, device_name: str | None = None,
-         traced=None, loss_fn=None) -> Plan:
+         traced=None, loss_fn=None, progress: bool | Callable[[str], None] = False) -> Plan:
     """Plan one training step of `model` on `sample_input` within `budget_gb` gigabytes (1 GB = 10^9 bytes).
 
     sample_input: a tensor, a tuple of tensors, a dict of keyword arguments (`model(**batch)`), or (args, kwargs);
@@ -73,14 +75,32 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     loss_fn: the loss the training step computes from the output (`loss_fn(out)` -> scalar); its own
         memory (measured once on the sample output) is planned for at the forward/backward boundary.
         Without it, only a scalar loss is reserved for.
+    progress: True prints lines to stderr as the work goes (elapsed seconds, the step running, the best overhead so
+        far, the bound and the gap), at least every few seconds, the last one naming the plan's overhead; a callable
+        receives the lines instead. The logger "planner" gets them at INFO either way.
     Raises InfeasibleBudgetError (its message names the smallest feasible budget in GB) when nothing fits,
     NoSolutionInTimeError when no schedule was found within `time_limit_s` and nothing proves that none exists,
     capture.trace.TraceError when the model cannot be traced.
     """
+    with Reporter(progress) as say:
+        try:
+            p = _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, device_name, traced, loss_fn,
+                      say)
+        except RematError as e:
+            say(f"stopped: {type(e).__name__}: {e}")
+            raise
+        say(f"done: overhead {100 * p.overhead:.2f} %, predicted peak {p.predicted_peak_bytes / GB:.6f} GB of "
+            f"{p.budget_bytes / GB:.6f} GB, status {p.status.value}, solver {p.solver}")
+        return p
+
+
+def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, device_name, traced, loss_fn,
+          say: Reporter) -> Plan:
     call, inputs = CallSpec.of(sample_input)
     budget_bytes = budget_bytes_from_gb(budget_gb)
     cm = _resolve_cost_model(cost_model)
     if traced is None:
+        say(f"tracing {type(model).__name__} (cost model {cm})")
         traced = trace_model(model, sample_input, cm, device_name)
     elif traced.model is not model:
         raise ValueError("`traced` belongs to another model object")
@@ -88,15 +108,18 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     if loss_fn is None:
         _warn_if_no_loss(traced)
     problem = PlanningProblem(traced, loss_bytes)
+    say(f"solving: {traced.graph.n} nodes, budget {budget_bytes / GB:.6f} GB, solver {solver}, "
+        f"limit {time_limit_s:g} s")
     t0 = time.perf_counter()
     result = problem.keep_all(budget_bytes) if solver == "auto" else None
     if result is not None:
         kind = GraphKind.EXACT
     else:
-        kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0)
+        kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0, say)
     graph = problem.graph(kind)
     done = problem.finalise(graph, result)
     seq = done.executor_computes
+    say("building the step")
     # the step's halves, built once: plan() fails here if the executor cannot run the schedule, apply() uses them
     halves = build_step(traced, traced_sequence(graph, seq, traced.graph.n), split_position(graph, seq, traced.graph.n))
     return Plan(graph=graph, result=done.result, fingerprint=fingerprint(model, inputs), cost_model=cm,
@@ -107,18 +130,21 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
                 halves=halves)
 
 
-def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_s: float, t0: float):
+def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_s: float, t0: float,
+           say: Reporter):
     """(the graph kind, the result) of solving the problem's solver graph, and, where what the executor holds for
     that schedule does not fit, its pinned graph in the time left. Raises InfeasibleBudgetError naming the smallest
     budget known to work, NoSolutionInTimeError where no time is left for the fallback."""
     # a schedule that recomputes a secondary output may have to be solved again with it pinned: keep time for that
     first_limit = time_limit_s * FIRST_SOLVE_SHARE if problem.secondaries else time_limit_s
     graph = problem.solver_graph
+    options = {"progress": say.search} if solver == "auto" and say.active else {}
     try:
-        result = solve(graph, budget_bytes, solver, time_limit_s=first_limit)
+        result = solve(graph, budget_bytes, solver, time_limit_s=first_limit, **options)
     except InfeasibleBudgetError as e:
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
+        say(f"infeasible; finding the smallest feasible budget ({left:.0f} s at most)")
         found = problem.smallest_budget(left)
         smallest, how, by = found.budget_bytes, found.proof, found.solver
         if smallest is None and e.min_budget_bytes is not None:
@@ -138,7 +164,8 @@ def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_
             f"{solver}: the schedule found recomputes a secondary output whose op's result the executor would "
             "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
             seconds=time.perf_counter() - t0)
-    return GraphKind.PINNED, solve(problem.pinned_graph, budget_bytes, solver, time_limit_s=left)
+    say("the executor cannot hold that schedule within the budget: solving again with secondary outputs pinned")
+    return GraphKind.PINNED, solve(problem.pinned_graph, budget_bytes, solver, time_limit_s=left, **options)
 
 
 def _resolve_cost_model(cost_model: str) -> str:
@@ -163,4 +190,4 @@ def _warn_if_no_loss(traced) -> None:
     warnings.warn(LossNotPlannedWarning(
         f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: the memory the "
         f"loss holds beyond a scalar (for a cross-entropy about {out_bytes} bytes more) is not planned for; pass "
-        "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=3)
+        "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=4)

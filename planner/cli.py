@@ -45,6 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--device", default=None, help="device name for --cost-model roofline (h100, a100, ...)")
     pl.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver")
     pl.add_argument("--out", required=True, help="write the plan here (remat-schedule JSON)")
+    pl.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     f = sub.add_parser("fit", help="the largest size (batch, sequence, ...) whose training step fits a budget")
     f.add_argument("factory", help="MODULE:FACTORY, a function of the size returning (model, sample_input)")
     f.add_argument("--budget", required=True, type=parse_budget, help="memory budget, as for `plan`")
@@ -99,7 +100,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     model, sample = load_factory(args.factory)
     p = plan(model, sample, args.budget / GB, solver=args.solver, cost_model=args.cost_model,
-             time_limit_s=args.time_limit, device_name=args.device)
+             time_limit_s=args.time_limit, device_name=args.device, progress=not args.quiet)
     p.to_json(args.out)
     print(p.summary())
     print(f"traced in {p.trace_seconds:.1f} s, solved in {p.solve_seconds:.1f} s; wrote {args.out}")

@@ -48,6 +48,7 @@ from graphs.ir import Graph
 from graphs.result import SolveResult
 from graphs.schedule import Status
 from solvers.base import Proposal, check_budget_floor, solve, solver_names
+from solvers.progress import Progress, SearchState
 
 MILP_MAX_NODES = 120  # graphs without a backward pass up to this size go to the Checkmate MILP; training graphs up
 # to this size get CP-SAT over a wider family first (at most WIDER_COMPUTATIONS computations of a value)
@@ -133,7 +134,9 @@ def _has_blocks(graph: Graph) -> bool:
 
 
 def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
-         mip_gap: float = DEFAULT_MIP_GAP) -> Proposal:
+         mip_gap: float = DEFAULT_MIP_GAP, progress: Progress | None = None) -> Proposal:
+    """See the module docstring. `progress` (solvers.progress) is told each step as it starts, with the best cost
+    and the largest bound known then."""
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
     limit -= min(SAFETY_S, SAFETY_SHARE * limit)
@@ -143,10 +146,17 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     results: list[SolveResult] = []
     infeasible: list[InfeasibleBudgetError] = []
     timed_out: list[NoSolutionInTimeError] = []
+    bounds_known: list[float] = []
+
+    def report(step: str) -> None:
+        if progress is not None:
+            progress(SearchState(step, min((r.total_cost for r in results), default=None),
+                                 max(bounds_known, default=None), graph.total_cost))
 
     def attempt(name: str, seconds: float | None, **options) -> SolveResult | None:
         if name not in solver_names():
             return None
+        report(name)
         # what auto chose for it: the family CP-SAT ran over, the guided rollouts' prior
         noted: dict = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
         if "prior" in options:
@@ -193,7 +203,10 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 attempt(name, RETRY_SHARE * remaining())
         if blocks is not None and _within_gap(blocks, results, mip_gap):
             return _pick(graph, results, tried, exact=blocks, forced=None)
+    report("forced-recomputation bound")
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
+    if forced is not None:
+        bounds_known.append(forced)
 
     order: float | None = None
     guided: list[float] | None = None  # the guided rollouts' prior, where they ran
@@ -243,8 +256,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         # after the fast heuristics, which often meet the forced bound on small graphs at once
         blocks = attempt("block_dp", min(remaining(), BLOCK_DP_SHARE * limit))
     if not proven() and remaining() > 0:
+        report("program-order bound")
         order, recomputed = _order_bound(graph, budget_bytes, tried,
                                          min(ORDER_BOUND_S, ORDER_BOUND_SHARE * limit, remaining()))
+        if order is not None:
+            bounds_known.append(order)
         if recomputed and big and training and not proven() and remaining() > 0:
             # where no whole-graph exact solver follows: rollouts that evict first what the bound's solution
             # recomputes, which brings the best schedule close to the bound on large traced and generated
