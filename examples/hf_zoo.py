@@ -6,7 +6,8 @@ model computes its own loss (`out.loss`); with `labels=False` the step's loss is
 of the logits. Sizes: "test" (2 layers, width 32, batch 4, sequence 64: activations outweigh the weights, as in
 training at scale, and each model plans in seconds in the test suite) and "bench" (4 layers, width 128, batch 2,
 sequence 128: the real-models issue's measurements); "small" and "small24" (GPT-2-small's width and heads, 12 or 24
-layers, batch 1, sequence 512: the scale benchmark).
+layers, batch 1, sequence 512: the scale benchmark); "decoder512" (8 layers of width 512, batch 1, sequence 512: a
+compute-bound decoder, the baselines benchmark).
 
 Kinds: a decoder LM with a causal and a padding mask (gpt2, llama), an encoder with a padding mask (bert), a vision
 transformer (vit), conv nets with BatchNorm (resnet) and LayerNorm (convnext), an encoder-decoder (t5).
@@ -22,7 +23,9 @@ SIZES = {"test": dict(layers=2, width=32, seq=64, batch=4, vocab=128, image=64),
          "bench": dict(layers=4, width=128, seq=128, batch=2, vocab=1000, image=64),
          # GPT-2-small's shape (12 heads of 64, GPT-2's vocabulary), batch 1, sequence 512; and twice as deep
          "small": dict(layers=12, width=768, heads=12, seq=512, batch=1, vocab=50257, image=224),
-         "small24": dict(layers=24, width=768, heads=12, seq=512, batch=1, vocab=50257, image=224)}
+         "small24": dict(layers=24, width=768, heads=12, seq=512, batch=1, vocab=50257, image=224),
+         # a compute-bound decoder: 8 layers of width 512 (8 heads of 64), GPT-2's vocabulary, batch 1, sequence 512
+         "decoder512": dict(layers=8, width=512, heads=8, seq=512, batch=1, vocab=50257, image=224)}
 
 
 def logits_loss(out) -> torch.Tensor:

@@ -37,9 +37,11 @@ class SolveResult:
 
     def summary(self) -> str:
         lb = "" if self.lower_bound_cost is None else f" lower_bound_cost={self.lower_bound_cost:.6g}"
+        if lb and self.info.get("bound_scope"):
+            lb += f" (bound for: {self.info['bound_scope']})"
         via = f" via={self.info['chosen']}" if self.info.get("chosen") else ""
         return (
-            f"solver={self.solver}{via} status={self.status.value} "
+            f"solver={self.solver}{via} status={self.status.value.replace(' ', '_')} "
             f"peak/budget={self.peak_bytes}/{self.budget_bytes} ({self.peak_bytes / max(self.budget_bytes, 1):.4f}) "
             f"overhead={100 * self.overhead:.3f}% seconds={self.solve_seconds:.3f}{lb}"
         )

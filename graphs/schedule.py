@@ -28,6 +28,9 @@ class Status(str, Enum):
     """How good a returned schedule is known to be."""
 
     OPTIMAL = "optimal"  # proven minimum cost (within the solver's stated gap)
+    # proven minimum over a family of schedules only (a portfolio's answer whose bound covers that family alone; the
+    # result's info names the family under "bound_scope")
+    OPTIMAL_IN_FAMILY = "optimal in its family"
     FEASIBLE = "feasible"  # an exact solver's incumbent when its limit was reached
     HEURISTIC = "heuristic"  # a heuristic's schedule: valid, no optimality claim
 

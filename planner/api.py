@@ -19,6 +19,7 @@ import torch
 from capture.call import CallSpec
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
+from planner.checkpointing import checkpoint_candidates
 from planner.plan_type import GB, Plan, fingerprint
 from planner.problem import GraphKind, PlanningProblem, SmallestBudget
 from planner.progress import Reporter
@@ -115,7 +116,22 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
     if result is not None:
         kind = GraphKind.EXACT
     else:
-        kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0, say)
+        # the schedules the user would otherwise write (per-block and selective checkpointing) join auto's portfolio,
+        # and are checked on the exact view too: never a costlier plan, nor none, where one of them fits
+        candidates = checkpoint_candidates(model, traced, problem.solver_graph) if solver == "auto" else []
+        fallback = problem.best_candidate(budget_bytes, candidates) if candidates else None
+        try:
+            kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0, say, candidates,
+                                  have_fallback=fallback is not None)
+        except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
+            if fallback is None:
+                raise
+            say(f"auto found nothing cheaper ({type(e).__name__}); taking {fallback.solver}")
+            kind, result = GraphKind.EXACT, fallback
+        else:
+            if fallback is not None and fallback.total_cost < result.total_cost * (1 - 1e-12):
+                say(f"{fallback.solver} costs less than auto's schedule: taking it")
+                kind, result = GraphKind.EXACT, fallback
     graph = problem.graph(kind)
     done = problem.finalise(graph, result)
     seq = done.executor_computes
@@ -131,17 +147,29 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
 
 
 def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_s: float, t0: float,
-           say: Reporter):
+           say: Reporter, candidates: list[tuple[str, dict]], have_fallback: bool = False):
     """(the graph kind, the result) of solving the problem's solver graph, and, where what the executor holds for
     that schedule does not fit, its pinned graph in the time left. Raises InfeasibleBudgetError naming the smallest
     budget known to work, NoSolutionInTimeError where no time is left for the fallback."""
     # a schedule that recomputes a secondary output may have to be solved again with it pinned: keep time for that
     first_limit = time_limit_s * FIRST_SOLVE_SHARE if problem.secondaries else time_limit_s
     graph = problem.solver_graph
-    options = {"progress": say.search} if solver == "auto" and say.active else {}
+    options: dict = {"progress": say.search} if solver == "auto" and say.active else {}
+    if candidates:
+        options["candidates"] = candidates
     try:
-        result = solve(graph, budget_bytes, solver, time_limit_s=first_limit, **options)
+        try:
+            result = solve(graph, budget_bytes, solver, time_limit_s=first_limit, **options)
+        except NoSolutionInTimeError:
+            left = time_limit_s - (time.perf_counter() - t0)
+            if have_fallback or left < 1.0:
+                raise
+            # the share kept for a second solve is not needed when the first found nothing: search on with it
+            say(f"nothing found yet: searching on for the {left:.0f} s left")
+            result = solve(graph, budget_bytes, solver, time_limit_s=left, **options)
     except InfeasibleBudgetError as e:
+        if have_fallback:
+            raise
         # naming the minimum need not cost the whole time limit again
         left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
         say(f"infeasible; finding the smallest feasible budget ({left:.0f} s at most)")

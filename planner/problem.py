@@ -123,17 +123,32 @@ class PlanningProblem:
 
     # ---- what plan() asks ------------------------------------------------------------------------
     def keep_all(self, budget_bytes: int) -> SolveResult | None:
-        """The schedule that keeps every value, on the exact view, where it fits the budget and the problem has
-        multi-output ops (without them the solver graph is exact, and auto tries this schedule first itself). It
-        computes every node once, so no schedule costs less; this finds the budgets between the two views' peaks,
-        where a solver on the solver graph would recompute for nothing."""
+        """The schedule that keeps every value, on the exact view, where the executor holds it within the budget and
+        the problem has multi-output ops (without them the solver graph is exact, and auto tries this schedule first
+        itself). It computes every node once, so no schedule costs less; this finds the budgets between the two
+        views' peaks, where a solver on the solver graph would recompute for nothing."""
         if not self.secondaries:
             return None
+        return self._on_exact_view(budget_bytes, "checkpoint_all", "auto (checkpoint_all)")
+
+    def best_candidate(self, budget_bytes: int, candidates) -> SolveResult | None:
+        """The cheapest of `candidates` ((label, solvers.heuristics.block_checkpoint options): the checkpointing the
+        user would otherwise write) on the exact view, among those the executor holds within the budget. The solver
+        graph over-counts multi-output ops, so a candidate may fit here where auto, on that graph, finds it over."""
+        found = [self._on_exact_view(budget_bytes, "block_checkpoint", f"auto ({label})", **options)
+                 for label, options in candidates]
+        return min((r for r in found if r is not None), key=lambda r: r.total_cost, default=None)
+
+    def _on_exact_view(self, budget_bytes: int, solver: str, name: str, **options) -> SolveResult | None:
+        exact = self.exact_graph
         try:
-            result = solve(self.exact_graph, budget_bytes, "checkpoint_all")
+            result = solve(exact, budget_bytes, solver, **options)
         except InfeasibleBudgetError:
             return None
-        return dataclasses.replace(result, solver="auto (checkpoint_all)")
+        held = executor_sequence(exact, result.schedule.computes, self.co_outputs)
+        if simulate(exact, Schedule.from_sequence(exact, held), self.co_outputs).peak_bytes > budget_bytes:
+            return None
+        return dataclasses.replace(result, solver=name)
 
     def executable(self, graph: Graph, result: SolveResult) -> SolveResult | None:
         """`result` (solved on `graph`, the solver or pinned graph) as the executor holds it, or None where that does

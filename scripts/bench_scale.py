@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_scale.py --part small     # GPT-2-small shape, 12 and 24 layers, seq 512, batch 1
     .venv/bin/python scripts/bench_scale.py --part tiny [--size bench]  # the transformers zoo, 60 % and 40 %
     .venv/bin/python scripts/bench_scale.py --part generated # 600-2000-node generated training graphs vs DTR
+    .venv/bin/python scripts/bench_scale.py --part decoders  # 707-1435-node generated decoders at 0.15 and 0.1
     [--time-limit S] [--out results/scale]
 
 Models (`examples/hf_zoo.py`, random weights, labels given: the model's own loss) are traced once with measured op
@@ -116,15 +117,21 @@ def part_models(names: list[str], size: str, fracs: list[float], time_limit: flo
     return rows
 
 
-def part_generated(time_limit: float) -> list[dict]:
+def part_generated(time_limit: float, decoders_only: bool = False) -> list[dict]:
     from graphs.generate import decoder_training_graph, random_training_graph
 
-    graphs = [random_training_graph(300, seed=1), random_training_graph(600, seed=2),
-              random_training_graph(1000, seed=3), decoder_training_graph(24, seed=1),
-              decoder_training_graph(48, seed=2), decoder_training_graph(75, seed=3)]
+    if decoders_only:  # 707-1435 nodes at the tightest budgets
+        graphs = [decoder_training_graph(27, seed=1), decoder_training_graph(48, seed=2),
+                  decoder_training_graph(55, seed=3)]
+        fracs = (0.15, 0.1)
+    else:
+        graphs = [random_training_graph(300, seed=1), random_training_graph(600, seed=2),
+                  random_training_graph(1000, seed=3), decoder_training_graph(24, seed=1),
+                  decoder_training_graph(48, seed=2), decoder_training_graph(75, seed=3)]
+        fracs = (0.5, 0.3, 0.1)
     rows = []
     for g in graphs:
-        for frac in (0.5, 0.3, 0.1):
+        for frac in fracs:
             budget = budget_from_multiplier(g, frac)
             r: dict = {}
             for solver in ("auto", "dtr", "dtr_local"):
@@ -154,7 +161,7 @@ def fmt(x) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("small", "tiny", "generated"), required=True)
+    ap.add_argument("--part", choices=("small", "tiny", "generated", "decoders"), required=True)
     ap.add_argument("--time-limit", type=float, default=None,
                     help="seconds per plan (default: 60 for small and generated, 15 for tiny)")
     ap.add_argument("--models", nargs="+", default=None)
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                            args.fractions or [0.6, 0.4], args.time_limit or 15.0)
         md = [HEADER] + [row_md(r) for r in rows]
     else:
-        rows = part_generated(args.time_limit or 60.0)
+        rows = part_generated(args.time_limit or 60.0, decoders_only=args.part == "decoders")
         md = [HEADER.replace(" solver |", " solver | dtr | dtr_local |").replace("| --- |\n", "| --- |\n")
               .replace("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
                        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: |")]

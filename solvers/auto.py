@@ -41,7 +41,9 @@ NoSolutionInTimeError with the least budget known to work.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Sequence
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
@@ -134,9 +136,12 @@ def _has_blocks(graph: Graph) -> bool:
 
 
 def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
-         mip_gap: float = DEFAULT_MIP_GAP, progress: Progress | None = None) -> Proposal:
+         mip_gap: float = DEFAULT_MIP_GAP, progress: Progress | None = None,
+         candidates: Sequence[tuple[str, dict]] = ()) -> Proposal:
     """See the module docstring. `progress` (solvers.progress) is told each step as it starts, with the best cost
-    and the largest bound known then."""
+    and the largest bound known then. `candidates`: (label, block_checkpoint options) of the schedules the caller
+    would otherwise run (the model's per-block and selective checkpointing): members of the portfolio, tried first,
+    named by their label."""
     limit = DEFAULT_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     # Keep a margin for what follows the solvers (replay, export, process start-up) inside the caller's limit.
     limit -= min(SAFETY_S, SAFETY_SHARE * limit)
@@ -153,10 +158,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
             progress(SearchState(step, min((r.total_cost for r in results), default=None),
                                  max(bounds_known, default=None), graph.total_cost))
 
-    def attempt(name: str, seconds: float | None, **options) -> SolveResult | None:
+    def attempt(name: str, seconds: float | None, label: str | None = None, **options) -> SolveResult | None:
         if name not in solver_names():
             return None
-        report(name)
+        label = label or name
+        report(label)
         # what auto chose for it: the family CP-SAT ran over, the guided rollouts' prior
         noted: dict = {"max_computations": options["max_computations"]} if "max_computations" in options else {}
         if "prior" in options:
@@ -164,21 +170,23 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         try:
             r = solve(graph, budget_bytes, name, time_limit_s=seconds, **options)
         except InfeasibleBudgetError as e:
-            tried.append({"solver": name, "outcome": "infeasible", "min_budget_bytes": e.min_budget_bytes,
+            tried.append({"solver": label, "outcome": "infeasible", "min_budget_bytes": e.min_budget_bytes,
                           "reason": e.reason})
             infeasible.append(e)
             return None
         except NoSolutionInTimeError as e:
-            tried.append({"solver": name, "outcome": "no solution in time", "detail": str(e), **noted})
+            tried.append({"solver": label, "outcome": "no solution in time", "detail": str(e), **noted})
             timed_out.append(e)
             return None
         except SolverError as e:
             # a solver bug (an invalid or over-budget proposal) or a backend failure: the portfolio goes on
             # without it, and says so in `tried`
-            tried.append({"solver": name, "outcome": "failed", "detail": f"{type(e).__name__}: {e}"})
+            tried.append({"solver": label, "outcome": "failed", "detail": f"{type(e).__name__}: {e}"})
             return None
-        tried.append({"solver": name, "outcome": r.status.value, "total_cost": r.total_cost,
+        tried.append({"solver": label, "outcome": r.status.value, "total_cost": r.total_cost,
                       "lower_bound_cost": r.lower_bound_cost, "seconds": round(r.solve_seconds, 3), **noted})
+        if label != name:
+            r = dataclasses.replace(r, solver=label)
         results.append(r)
         return r
 
@@ -188,6 +196,8 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
     first = attempt("checkpoint_all", None)
     if first is not None:
         return _pick(graph, results, tried, exact=first)  # no recomputation: optimal, bound = its cost
+    for label, options in candidates:  # one schedule each: milliseconds
+        attempt("block_checkpoint", None, label=label, **options)
     blocks = None
     big = graph.n > CPSAT_MAX_NODES
     has_blocks = _has_blocks(graph)
@@ -328,6 +338,12 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         attempt("rollout_search", min(GUIDED_LEFT_S, remaining()), stop_at_cost=order * (1 + mip_gap), prior=guided,
                 seed=1)
     exact = _better_bound(exact, blocks, results)
+    seed = 1
+    while not results and remaining() >= 0.1:
+        # nothing found and nothing proven: the time left goes to more perturbed rollouts, from other seeds, until
+        # one fits or the limit is reached (no schedule found proves nothing, so the whole limit is the user's)
+        seed += 1
+        attempt("rollout_search", remaining(), seed=seed)
     if not results:
         floor = graph.single_op_bound_bytes()
         least = _least_named(infeasible, timed_out)
@@ -346,6 +362,9 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
 
 
 EXACT_SOLVERS = ("milp", "milp_cbc", "cpsat", "chain_dp")
+# bounds that hold for every schedule the planner can run: every schedule (the forced-recomputation bound, each node
+# once), every program-order schedule (the family of every solver here)
+BOUNDS_FOR_EVERY_SCHEDULE = ("forced_bound", "each_node_once", "order_bound")
 
 
 def _better_bound(a: SolveResult | None, b: SolveResult | None, results: list[SolveResult]) -> SolveResult | None:
@@ -459,10 +478,15 @@ def _pick(graph: Graph, results: list[SolveResult], tried: list[dict], exact: So
     if bound is None:
         # nothing else is known in time: every node runs at least once, in every schedule
         bound, bound_from, scope = graph.total_cost, "each_node_once", "every schedule"
-    if exact is not None and exact.status is Status.OPTIMAL and not bound_note:
-        status = Status.OPTIMAL  # best costs at most the proven (within-gap) optimum and at least its bound
-    elif bound is not None and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
-        status = Status.OPTIMAL
+    if bound_from == "checkpoint_all":
+        scope = "every schedule"  # it computes every node once: no schedule costs less
+    covers_all = scope == "every schedule" or bound_from in BOUNDS_FOR_EVERY_SCHEDULE
+    if bound is not None and covers_all and best.total_cost <= bound * (1 + 1e-9) + 1e-9:
+        status = Status.OPTIMAL  # no schedule the planner can run costs less
+    elif exact is not None and exact.status is Status.OPTIMAL and not bound_note:
+        # best costs at most the proven (within-gap) optimum of the exact solver's family: that family alone
+        status = Status.OPTIMAL_IN_FAMILY
+        scope = scope or f"schedules of the family of {exact.solver}"
     elif bound_note:
         status = Status.HEURISTIC  # cheaper than the family optimum: only the forced bound covers it
     else:

@@ -50,6 +50,7 @@ _REGISTRY: dict[str, str] = {
     "rollout_search": "solvers.heuristics.rollout_search:rollout_search",
     "lowest_memory": "solvers.heuristics.lowest_memory:lowest_memory",
     "block_dp": "solvers.exact.block_dp:block_dp",
+    "block_checkpoint": "solvers.heuristics.block_checkpoint:block_checkpoint",
     "auto": "solvers.auto:auto",
 }
 

@@ -170,3 +170,36 @@ def test_the_computations_a_hint_needs_are_counted_in_its_stage_normal_form():
     assert computations_needed([0, 1, 2, 1, 0, 1, 3]) == 2
     assert computations_needed([0, 1, 2, 1, 3, 1, 4, 1]) == 4
     assert computations_needed([]) == 1
+
+
+def test_auto_searches_to_its_limit_when_nothing_is_found_and_nothing_proven():
+    # a budget at the single-operation floor of a random training graph: the heuristics find nothing, nothing proves
+    # infeasibility; auto keeps searching (rollouts from other seeds) until its limit, less its safety margin
+    import time
+
+    from graphs.errors import NoSolutionInTimeError
+    from graphs.generate import random_training_graph
+
+    g = random_training_graph(30, 0)
+    limit = 3.0
+    t0 = time.perf_counter()
+    try:
+        solve(g, g.single_op_bound_bytes(), "auto", time_limit_s=limit)
+    except NoSolutionInTimeError:
+        assert time.perf_counter() - t0 >= 0.8 * limit
+    # (a schedule found, or a proof, is also an answer: only giving up early is wrong)
+
+
+def test_auto_never_calls_a_family_optimum_optimal():
+    # block_dp's answer on a generated decoder: optimal only within its family unless a bound for every schedule
+    # the planner can run (forced, program-order) meets it
+    from graphs.generate import decoder_training_graph
+    from graphs.simulate import budget_from_multiplier
+
+    g = decoder_training_graph(4, seed=2, seq=64, width=32, heads=2)
+    res = solve(g, budget_from_multiplier(g, 0.3), "auto", time_limit_s=5)
+    if res.status is Status.OPTIMAL:
+        assert res.info["bound_from"] in ("forced_bound", "each_node_once", "order_bound", "checkpoint_all")
+        assert res.total_cost <= res.lower_bound_cost * (1 + 1e-9) + 1e-9
+    elif res.status is Status.OPTIMAL_IN_FAMILY:
+        assert "family" in res.info["bound_scope"] and "bound for:" in res.summary()
