@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from examples.hf_zoo import build  # noqa: E402
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
 from planner.checkpointing import per_block_checkpointed  # noqa: E402
@@ -66,8 +67,15 @@ def bench_model(spec: str, args) -> list[dict]:
     rows = []
     for label, base in baselines.items():
         t = time.perf_counter()
-        p = plan(model, batch, peaks[label] / GB, time_limit_s=args.time_limit, traced=first.traced,
-                 progress=args.progress)
+        try:
+            p = plan(model, batch, peaks[label] / GB, time_limit_s=args.time_limit, traced=first.traced,
+                     progress=args.progress)
+        except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
+            rows.append({"model": spec, "baseline": label, "baseline_peak_bytes": peaks[label],
+                         "planner_error": f"{type(e).__name__}: {e}", "plan_seconds": time.perf_counter() - t,
+                         "planner_min_budget_bytes": e.min_budget_bytes})
+            print(f"{spec} {label}: {rows[-1]}", file=sys.stderr, flush=True)
+            continue
         plan_s = time.perf_counter() - t
         compiled = label.startswith("torch.compile")
         planned = p.apply(copy.deepcopy(model), compile=compiled)  # against torch.compile: the plan compiled too
@@ -87,6 +95,25 @@ def bench_model(spec: str, args) -> list[dict]:
     return rows
 
 
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table."""
+    out = ["| model | baseline | its peak (MB), step / eager | planner at that peak: peak (MB), step / eager | "
+           "planner overhead (solver) | grads == eager (baseline / planner) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        head = f"| {r['model']} | {r['baseline']} | {r['baseline_peak_bytes'] / 1e6:.2f}"
+        if "planner_error" in r:
+            least = r["planner_min_budget_bytes"]
+            out.append(f"{head} | {r['planner_error'].split(':')[0]}"
+                       + ("" if least is None else f": needs {least / 1e6:.2f}") + " | | |")
+            continue
+        grads = "both compiled: not bitwise" if r["baseline"].startswith("torch.compile") else \
+            f"{'yes' if r['baseline_grads_equal'] else 'no'} / {'yes' if r['planner_grads_equal'] else 'NO'}"
+        out.append(f"{head}, {r['baseline_step_over_eager']:.2f} | {r['planner_peak_bytes'] / 1e6:.2f}, "
+                   f"**{r['planner_step_over_eager']:.2f}** | {100 * r['planner_overhead']:.2f} % "
+                   f"({r['planner_solver']}) | {grads} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["gpt2:bench", "llama:bench", "gpt2:decoder512",
@@ -97,20 +124,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--progress", action="store_true", help="plan() progress lines on stderr")
     ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--append", action="store_true", help="add the rows to those already in --out")
+    ap.add_argument("--table", action="store_true", help="print the table of the rows in --out, measure nothing")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())))
+        return
     torch.set_num_threads(args.threads)
     rows = [r for spec in args.models for r in bench_model(spec, args)]
+    if args.out and args.append and Path(args.out).exists():
+        rows = json.loads(Path(args.out).read_text()) + rows
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
-    print("| model | baseline | its peak (MB), step / eager | planner at that peak: peak (MB), step / eager | "
-          "planner overhead (solver) | grads == eager (baseline / planner) |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['model']} | {r['baseline']} | {r['baseline_peak_bytes'] / 1e6:.2f}, "
-              f"{r['baseline_step_over_eager']:.2f} | {r['planner_peak_bytes'] / 1e6:.2f}, "
-              f"**{r['planner_step_over_eager']:.2f}** | {100 * r['planner_overhead']:.2f} % ({r['planner_solver']}) | "
-              f"{'yes' if r['baseline_grads_equal'] else 'no'} / {'yes' if r['planner_grads_equal'] else 'NO'} |")
-
+    print(table(rows))
 
 if __name__ == "__main__":
     main()

@@ -10,9 +10,11 @@ Plan (every step replayed by the simulator through solvers.base.solve):
    kind does: auto then raises at once (resnet50 at 0.1 x reference: 3 s instead of the whole limit).
    The block-chain program (`block_dp`, solvers.exact.block_dp), where the graph splits into blocks: first on graphs
    of more than CPSAT_MAX_NODES nodes, with the DTR rollouts and before the forced bound (it often is the answer
-   there: auto stops once it is the cheapest schedule and within `mip_gap` of its family's bound, reporting that
-   bound; otherwise it goes on, skipping Chen's greedies and the lowest-memory fallback, which cost seconds there and
-   lose to it), after the fast heuristics on smaller ones (which often meet the forced bound at once).
+   there: where it is the cheapest schedule and within `mip_gap` of its family's bound, auto runs a few seconds of
+   perturbed rollouts, whose schedules lie outside that family, and stops if none is cheaper, reporting that bound
+   with status "optimal in its family"; otherwise it goes on, skipping Chen's greedies and the lowest-memory
+   fallback, which cost seconds there and lose to it), after the fast heuristics on smaller ones (which often meet
+   the forced bound at once).
 3. where no schedule meets a bound yet, the program-order bound (solvers.bounds.order_bound); on training graphs too
    large for CP-SAT, rollouts that evict first the values its solution recomputes (`rollout_search` with a prior;
    again at the end, from another seed, with the time the later steps leave, while the gap is above `mip_gap`);
@@ -212,7 +214,11 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
                 # taken as the cheapest (decoder75 at 0.1: DTR needs 1.2 s of its 1.1 s share, and beats it)
                 attempt(name, RETRY_SHARE * remaining())
         if blocks is not None and _within_gap(blocks, results, mip_gap):
-            return _pick(graph, results, tried, exact=blocks, forced=None)
+            # the best of the block program's family, but schedules outside it may cost less: a few seconds of
+            # perturbed rollouts (seconds here) before the family's optimum is returned
+            attempt("rollout_search", min(ROLLOUT_SEARCH_S, ROLLOUT_SEARCH_SHARE * remaining()))
+            if _within_gap(blocks, results, mip_gap):
+                return _pick(graph, results, tried, exact=blocks, forced=None)
     report("forced-recomputation bound")
     forced = _forced_bound(graph, budget_bytes, tried, min(FORCED_BOUND_S, FORCED_BOUND_SHARE * limit))
     if forced is not None:
@@ -246,10 +252,6 @@ def auto(graph: Graph, budget_bytes: int, *, time_limit_s: float | None = None,
         for name in ("dtr", "dtr_local"):
             if any(t["solver"] == name and t["outcome"] == "no solution in time" for t in tried):
                 attempt(name, RETRY_SHARE * remaining())
-    if blocks is not None and big and not proven() and _within_gap(blocks, results, mip_gap):
-        # no whole-graph exact solver runs at this size: the block program's schedule is within the gap of the
-        # best schedule of its family, and no heuristic beat it
-        return _pick(graph, results, tried, exact=blocks, forced=forced)
     if not results:
         _raise_if_no_schedule_fits(graph, budget_bytes, infeasible, min(SUBGRAPH_S, 0.2 * remaining()))
     if results and all(r.solver == "lowest_memory" for r in results):
