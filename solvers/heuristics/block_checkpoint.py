@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Collection, Sequence
 
-from graphs.errors import InfeasibleBudgetError
+from graphs.errors import GraphError, InfeasibleBudgetError
 from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
@@ -70,9 +70,29 @@ def block_checkpoint_sequence(graph: Graph, blocks: Sequence[Collection[int]],
     return seq
 
 
-def block_checkpoint(graph: Graph, budget_bytes: int, *, blocks: Sequence[Collection[int]],
+def graph_blocks(graph: Graph) -> list[list[int]]:
+    """The blocks of `graph` found from the graph alone (block_dp's split at narrow cuts), as node sets."""
+    from solvers.exact.blocks import split_blocks
+
+    split = split_blocks(graph)
+    if split is None or not split.blocks:
+        raise GraphError(f"{graph.name} splits into no chain of blocks: pass block_checkpoint its blocks")
+    out = []
+    for b in split.blocks:
+        nodes = [v for v in range(b.first, b.last + 1) if not graph.nodes[v].backward]
+        if b.bwd_window is not None:
+            nodes += [v for v in range(b.bwd_window[0], b.bwd_window[1] + 1) if graph.nodes[v].backward]
+        out.append(nodes)
+    return out
+
+
+def block_checkpoint(graph: Graph, budget_bytes: int, *, blocks: Sequence[Collection[int]] | None = None,
                      saved: Collection[int] = (), time_limit_s: float | None = None) -> Proposal:
-    """The block-checkpointing schedule (a heuristic: one schedule), or InfeasibleBudgetError naming its peak."""
+    """The block-checkpointing schedule (a heuristic: one schedule), or InfeasibleBudgetError naming its peak.
+    Without `blocks`, the graph's own chain of blocks (`solvers.exact.blocks.split_blocks`: its forward nodes and the
+    backward nodes of its backward window); GraphError where it has none."""
+    if blocks is None:
+        blocks = graph_blocks(graph)
     sched = Schedule.from_sequence(graph, block_checkpoint_sequence(graph, blocks, saved))
     peak = simulate(graph, sched).peak_bytes
     if peak > budget_bytes:
