@@ -193,10 +193,9 @@ def test_auto_searches_to_its_limit_when_nothing_is_found_and_nothing_proven():
 def test_auto_never_calls_a_family_optimum_optimal():
     # block_dp's answer on a generated decoder: optimal only within its family unless a bound for every schedule
     # the planner can run (forced, program-order) meets it
+    from graphs.errors import NoSolutionInTimeError
     from graphs.generate import decoder_training_graph
     from graphs.simulate import budget_from_multiplier
-
-    from graphs.errors import NoSolutionInTimeError
 
     g = decoder_training_graph(4, seed=2, seq=64, width=32, heads=2)
     try:
