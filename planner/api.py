@@ -109,6 +109,7 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
     if loss_fn is None:
         _warn_if_no_loss(traced)
     problem = PlanningProblem(traced, loss_bytes)
+    modules = node_modules(traced)  # graph node -> its module: the plan's report, the blocks of the candidates
     say(f"solving: {traced.graph.n} nodes, budget {budget_bytes / GB:.6f} GB, solver {solver}, "
         f"limit {time_limit_s:g} s")
     t0 = time.perf_counter()
@@ -118,7 +119,7 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
     else:
         # the schedules the user would otherwise write (per-block and selective checkpointing) join auto's portfolio,
         # and are checked on the exact view too: never a costlier plan, nor none, where one of them fits
-        candidates = checkpoint_candidates(model, traced, problem.solver_graph) if solver == "auto" else []
+        candidates = checkpoint_candidates(model, traced, problem.solver_graph, modules) if solver == "auto" else []
         fallback = problem.best_candidate(budget_bytes, candidates) if candidates else None
         try:
             kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0, say, candidates,
@@ -141,7 +142,7 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
     return Plan(graph=graph, result=done.result, fingerprint=fingerprint(model, inputs), cost_model=cm,
                 exact_peak_bytes=done.exact_peak_bytes, traced_nodes=traced.graph.n, graph_kind=kind,
                 executor_computes=None if seq == list(done.result.schedule.computes) else seq,
-                loss_bytes=loss_bytes, modules=node_modules(traced), trace_seconds=traced.trace_seconds,
+                loss_bytes=loss_bytes, modules=modules, trace_seconds=traced.trace_seconds,
                 reference_peak_bytes=reference_peak_bytes(problem.solver_graph), traced=traced, problem=problem,
                 halves=halves)
 

@@ -45,13 +45,15 @@ def repeated_blocks(model: torch.nn.Module) -> list[str]:
     return [f"{parent}.{c}" if parent else c for c in children]
 
 
-def checkpoint_candidates(model: torch.nn.Module, traced, graph: Graph) -> list[tuple[str, dict]]:
+def checkpoint_candidates(model: torch.nn.Module, traced, graph: Graph,
+                          modules: dict[int, str] | None = None) -> list[tuple[str, dict]]:
     """(label, solvers.heuristics.block_checkpoint options) of per-block and selective checkpointing on `graph`, a
-    solver graph of `traced` (labels are traced node ids); [] when the model has no repeated blocks."""
+    solver graph of `traced` (labels are traced node ids); [] when the model has no repeated blocks. `modules`:
+    `node_modules(traced)` where the caller has it."""
     names = repeated_blocks(model)
     if not names:
         return []
-    modules = node_modules(traced)
+    modules = node_modules(traced) if modules is None else modules
     index = graph.label_to_id
     blocks: list[list[int]] = [[] for _ in names]
     for gid, path in modules.items():

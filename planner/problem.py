@@ -145,10 +145,17 @@ class PlanningProblem:
             result = solve(exact, budget_bytes, solver, **options)
         except InfeasibleBudgetError:
             return None
-        held = executor_sequence(exact, result.schedule.computes, self.co_outputs)
-        if simulate(exact, Schedule.from_sequence(exact, held), self.co_outputs).peak_bytes > budget_bytes:
+        if self.as_executed(result.schedule.computes)[1] > budget_bytes:
             return None
         return dataclasses.replace(result, solver=name)
+
+    def as_executed(self, computes) -> tuple[list[int], int]:
+        """The computations (node indices) in the order the executor runs them (a recomputed secondary output taken
+        right after the computation of its op it is indexed out of: `executor_sequence`), and that sequence's peak
+        on the exact view."""
+        exact = self.exact_graph
+        held = executor_sequence(exact, computes, self.co_outputs)
+        return held, int(simulate(exact, Schedule.from_sequence(exact, held), self.co_outputs).peak_bytes)
 
     def executable(self, graph: Graph, result: SolveResult) -> SolveResult | None:
         """`result` (solved on `graph`, the solver or pinned graph) as the executor holds it, or None where that does
@@ -172,11 +179,8 @@ class PlanningProblem:
         sim = simulate(graph, sched)
         if sim.peak_bytes > result.budget_bytes:  # cannot happen: last-use frees are optimal for a sequence
             raise RematError(f"internal error: freeing at last use raised the peak to {sim.peak_bytes}")
-        result = dataclasses.replace(result, schedule=sched, sim=sim)
-        held = executor_sequence(graph, sched.computes, self.co_outputs)
-        exact = self.exact_graph
-        peak = simulate(exact, Schedule.from_sequence(exact, held), self.co_outputs).peak_bytes
-        return Finalised(result, held, int(peak))
+        held, peak = self.as_executed(sched.computes)
+        return Finalised(dataclasses.replace(result, schedule=sched, sim=sim), held, peak)
 
     def smallest_budget(self, time_limit_s: float) -> SmallestBudget:
         """The smallest budget known to be met by a schedule plan() can run: searched on the solver graph, counting

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from examples.hf_zoo import build  # noqa: E402
+from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
 from planner.problem import PlanningProblem  # noqa: E402
 from planner.tracing import trace_model  # noqa: E402
@@ -35,8 +36,6 @@ def main() -> None:
     # the budget, from a trace of a twin (so that the timed plan() traces anew)
     twin, twin_batch = build(name, size, labels=True)
     ref = PlanningProblem(trace_model(twin, twin_batch, "time")).exact_graph
-    from graphs.simulate import reference_peak_bytes
-
     budget = int(args.fraction * reference_peak_bytes(ref))
     stamps: list[tuple[float, str]] = []
     t0 = time.perf_counter()
