@@ -13,6 +13,8 @@ _NAMES = {
     "PlanMismatchError": "graphs.errors", "ExecutorError": "graphs.errors",
     "InfeasibleBudgetError": "graphs.errors", "NoSolutionInTimeError": "graphs.errors",
     "max_batch": "planner.fit", "overhead_curve": "planner.curve",
+    "enable": "planner.inplace", "disable": "planner.inplace", "inplace_plan": "planner.inplace",
+    "InPlacePlan": "planner.inplace",
 }
 __all__ = list(_NAMES)
 

@@ -1,0 +1,283 @@
+"""One block of a model, planned on its own: how it was called, the options it offers, what each one holds.
+
+The in-place planner (planner.inplace) runs every repeated block through one of its options:
+
+- "kept": the block's own forward, everything kept for the backward (eager);
+- "checkpointed": torch.utils.checkpoint around the whole block (non-reentrant, RNG state preserved): only the
+  input is kept, the block runs again for its backward;
+- "planned@<fraction>": a schedule `plan()` made for the block alone at that fraction of its no-recomputation peak,
+  run by the existing executor (planner.runtime.PlannedModule) on the block's live parameters.
+
+`BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
+which require grad, the non-tensor arguments, the autocast state, the block's mode and which of its parameters
+require grad, with their dtypes): calls with one key share one profile. `profile_block` traces the block once at
+that call, plans it at a few budgets and measures each option on one real forward and backward of the block under
+a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what
+it stashes, what its forward and backward hold at once, and what it computes again (in the trace's cost unit; the
+whole forward for "checkpointed"). A block that cannot be traced keeps the two whole-block options, with the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from capture.measure_memory import StorageTracker, storage_bytes
+from graphs.errors import RematError
+from graphs.simulate import reference_peak_bytes
+from solvers.exact.option_chain import BlockOption
+
+PLAN_FRACTIONS = (0.85, 0.7, 0.55, 0.4)  # of the block's no-recomputation peak: the planned options tried
+
+
+class _TensorSlot:
+    """Marks where a call's tensors go among its leaves."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+    def __reduce__(self):
+        return "_TENSOR"
+
+
+_TENSOR = _TensorSlot()
+
+
+def original_forward(block: torch.nn.Module) -> Callable:
+    """The block's class forward bound to it (what runs when no instance attribute replaces it)."""
+    return type(block).forward.__get__(block)
+
+
+def _state_key(block: torch.nn.Module) -> tuple:
+    autocast = tuple((dev, torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev)))
+                     for dev in ("cpu", "cuda"))
+    params = tuple((n, p.requires_grad, str(p.dtype), str(p.device)) for n, p in block.named_parameters())
+    return (block.training, autocast, params)
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    spec: Any  # the pytree spec of (args, kwargs)
+    constants: tuple  # the non-tensor leaves, _TENSOR where the leaf is a tensor
+    key: tuple
+    plannable: bool  # False when a non-tensor argument cannot be compared (a cache object): the block runs eager
+
+    @staticmethod
+    def of(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple["BlockCall", list[torch.Tensor]]:
+        leaves, spec = tree_flatten((args, kwargs))
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        constants = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+        plannable = True
+        const_key = []
+        for x in constants:
+            if x is _TENSOR:
+                const_key.append(("tensor",))
+                continue
+            try:
+                hash(x)
+                const_key.append((type(x).__name__, x))
+            except TypeError:
+                plannable = False
+                const_key.append((type(x).__name__, id(x)))
+        metas = tuple((tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device), t.requires_grad)
+                      for t in tensors)
+        key = (str(spec), tuple(const_key), metas, _state_key(block))
+        return BlockCall(spec, constants, key, plannable), tensors
+
+    def rebuild(self, tensors) -> tuple[tuple, dict]:
+        it = iter(tensors)
+        leaves = [next(it) if c is _TENSOR else c for c in self.constants]
+        return tree_unflatten(leaves, self.spec)
+
+
+class _Region(torch.nn.Module):
+    """The block as the planner traces and runs it: flat tensors in, the block's class forward (the block's own
+    hooks are the caller's), its output out. Parameters are read through `block` at each call."""
+
+    def __init__(self, block: torch.nn.Module, call: BlockCall):
+        super().__init__()
+        self.block = block
+        self._call = call
+        self.train(block.training)
+
+    def forward(self, *tensors):
+        args, kwargs = self._call.rebuild(tensors)
+        return original_forward(self.block)(*args, **kwargs)
+
+
+@dataclass
+class Option:
+    """An option with its runner: `run(block, tensors) -> output`, inside the block's forward (one profile serves
+    every block called with its key)."""
+    figures: BlockOption
+    run: Callable[[torch.nn.Module, list[torch.Tensor]], Any] = field(repr=False)
+
+
+@dataclass
+class BlockProfile:
+    key: tuple
+    options: list[Option]
+    plan_seconds: float
+    note: str = ""  # why only whole-block options, where that is so
+    nodes: int = 0  # of the block's trace
+    plans: dict[str, Any] = field(default_factory=dict, repr=False)  # option name -> Plan
+
+    @property
+    def figures(self) -> list[BlockOption]:
+        return [o.figures for o in self.options]
+
+
+def _checkpointed_runner(call: BlockCall):
+    from torch.utils.checkpoint import checkpoint
+
+    def run(block, tensors):
+        args, kwargs = call.rebuild(tensors)
+        return checkpoint(original_forward(block), *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def _kept_runner(call: BlockCall):
+    def run(block, tensors):
+        args, kwargs = call.rebuild(tensors)
+        return original_forward(block)(*args, **kwargs)
+    return run
+
+
+@contextlib.contextmanager
+def _restored(block: torch.nn.Module):
+    """Run a measurement without a trace: RNG states (CPU and CUDA) and the block's buffers restored after."""
+    saved = {n: b.detach().clone() for n, b in block.named_buffers()}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, b in block.named_buffers():
+                    b.copy_(saved[n])
+
+
+def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> tuple[int, int, int]:
+    """(stash_bytes, forward_bytes, backward_bytes) of one option (see solvers.exact.option_chain), measured on one
+    forward and backward of the block from fresh leaves of `tensors`."""
+    inputs = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+    params = [p for p in block.parameters() if p.requires_grad]
+    wrt = params + [t for t in inputs if t.requires_grad]
+    tracker = StorageTracker()
+    with _restored(block):
+        with tracker:
+            out = run(inputs)
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        out_bytes = storage_bytes(outs)
+        diff = [t for t in outs if t.requires_grad and t.grad_fn is not None]
+        forward_bytes = tracker.peak_bytes
+        stash = max(0, tracker.live_bytes - out_bytes)
+        seeds = [torch.ones_like(t) for t in diff]  # the incoming gradients: the caller's, outside the block
+        tracker.peak_bytes = tracker.live_bytes
+        with tracker:
+            if diff and wrt:
+                grads = torch.autograd.grad(diff, wrt, seeds, allow_unused=True)
+                del grads
+        backward_bytes = max(0, tracker.peak_bytes - out_bytes)
+        del out, outs, diff, seeds
+    return int(stash), int(forward_bytes), int(backward_bytes)
+
+
+def _planned_runner(p, region: _Region, compile: bool):
+    """Runs the plan's schedule on the block of the call: one PlannedModule (its step built once) whose region is
+    pointed at that block, so its parameters and buffers are read from it."""
+    module = p.apply(region, compile=compile)
+
+    def run(block, tensors):
+        if region.block is not block:
+            region.block = block
+        return module(*tensors)
+    return run
+
+
+def _forward_cost(graph) -> float:
+    return float(sum(n.cost for n in graph.nodes if not n.backward))
+
+
+def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
+                  cost_model: str = "flops", compile: bool = False, say=None) -> BlockProfile:
+    """The options of a block at this call and their figures (see the module docstring)."""
+    from planner.api import plan as plan_model
+    from planner.tracing import trace_model
+
+    t0 = time.perf_counter()
+    say = say or (lambda _msg: None)
+    options: list[Option] = []
+    plans: dict[str, Any] = {}
+    note = ""
+    nodes = 0
+    region = _Region(block, call)
+    sample = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
+    forward_cost = None
+    planned: list[tuple[str, Any]] = []
+    if not call.plannable:
+        note = "a non-tensor argument cannot be compared between calls (a cache object?): the block runs eager"
+    else:
+        try:
+            with _restored(block), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = trace_model(region, sample, cost_model)
+            nodes = traced.graph.n
+        except (RematError, RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            traced = None
+            note = f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        if traced is not None:
+            from planner.problem import PlanningProblem
+
+            problem = PlanningProblem(traced)
+            graph = problem.solver_graph
+            forward_cost = _forward_cost(graph)
+            reference = reference_peak_bytes(graph)
+            share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
+            for frac in PLAN_FRACTIONS:
+                try:
+                    with _restored(block), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        p = plan_model(region, sample, int(frac * reference) / 1e9, traced=traced,
+                                       cost_model=cost_model, time_limit_s=share)
+                except RematError:
+                    break  # a smaller fraction will not fit either
+                planned.append((f"planned@{frac:g}", p))
+    kept = Option(BlockOption("kept", 0.0, 0, 0, 0), _kept_runner(call))
+    ckpt = Option(BlockOption("checkpointed", 0.0, 0, 0, 0), _checkpointed_runner(call))
+    if forward_cost is None:
+        forward_cost = _measured_flops(block, call, tensors)
+    candidates = [(kept, 0.0), (ckpt, forward_cost)] if call.plannable else [(kept, 0.0)]
+    for name, p in planned:
+        candidates.append((Option(BlockOption(name, 0.0, 0, 0, 0), _planned_runner(p, region, compile)),
+                           p.overhead * p.graph.total_cost))
+        plans[name] = p
+    seen = set()
+    for opt, cost in candidates:
+        stash, fwd, bwd = measure_option(block, lambda ts, run=opt.run: run(block, ts), tensors)
+        if (stash, fwd, bwd) in seen and opt.figures.name.startswith("planned"):
+            continue
+        seen.add((stash, fwd, bwd))
+        opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
+        options.append(opt)
+    seconds = time.perf_counter() - t0
+    say(f"block {type(block).__name__}: {nodes} nodes, options " +
+        ", ".join(f"{o.figures.name} (stash {o.figures.stash_bytes / 1e6:.2f} MB)" for o in options) +
+        f", {seconds:.2f} s")
+    return BlockProfile(call.key, options, seconds, note, nodes, plans)
+
+
+def _measured_flops(block: torch.nn.Module, call: BlockCall, tensors) -> float:
+    """The FLOPs of one forward of the block (torch.utils.flop_counter), for a block that could not be traced."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with _restored(block), torch.no_grad(), counter:
+        args, kwargs = call.rebuild([t.detach() for t in tensors])
+        original_forward(block)(*args, **kwargs)
+    return float(counter.get_total_flops())

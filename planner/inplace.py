@@ -1,0 +1,499 @@
+"""Planning in place, per block: `enable(model, budget_gb)` and `disable(model)`.
+
+The model stays the user's object and class. Each repeated block (planner.checkpointing.repeated_blocks, or
+`blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
+of the block's options (planner.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
+everything outside the blocks runs as written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see
+the model they know.
+
+The plan is made lazily, per key of a training call (the shapes, dtypes and non-tensor values of the model's
+inputs, the autocast state, which parameters require grad):
+
+1. The first training call with a new key measures: every block runs checkpointed whole, and the memory the step
+   holds is read at each block's start, after the last block and at the model's return (a storage tracker on CPU,
+   the allocator's counters on CUDA). A block called with a key of its own not seen before is profiled there, once
+   per key (one block traced at a time; identical blocks share it).
+2. From the next call with that key on, one option per block is chosen by dynamic programming over the chain
+   (solvers.exact.option_chain) for the least recompute within the budget; the choice is cached. The backward's
+   memory at each block follows from what was measured: what is live at the block's forward, its output's gradient,
+   the model's outputs the caller holds, and the gradients of the parameters used after it.
+
+A budget no choice meets raises InfeasibleBudgetError at that call, naming the least budget a choice meets. In eval
+mode or without gradients the model runs as it is.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves
+
+from capture.measure_memory import StorageTracker, storage_bytes
+from graphs.errors import InfeasibleBudgetError
+from planner.block_region import BlockCall, BlockProfile, original_forward, profile_block
+from planner.plan_type import GB
+from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
+
+_log = logging.getLogger("planner")
+_ATTR = "_remat_inplace"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the memory a step holds
+# ---------------------------------------------------------------------------------------------
+class _Probe:
+    """Live bytes created since `start()`, and their peak since the last `reset_peak()`."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.tracker: StorageTracker | None = None
+        self.base = 0
+
+    def start(self) -> None:
+        if self.cuda:
+            self.base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.tracker = StorageTracker()
+            self.tracker.__enter__()
+
+    def live(self) -> int:
+        return torch.cuda.memory_allocated(self.device) - self.base if self.cuda else self.tracker.live_bytes
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) - self.base if self.cuda else self.tracker.peak_bytes
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.tracker.peak_bytes = self.tracker.live_bytes
+
+    def stop(self) -> None:
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+            self.tracker = None
+
+
+def _untracked():
+    """A context in which no dispatch mode of the caller's (the probe's tracker) sees the work."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+# ---------------------------------------------------------------------------------------------
+# the state of one model
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Measured:
+    """What the measuring call of a key read (bytes above the step's start)."""
+    forward_start: list[int]
+    output_grad: list[int]  # bytes of each block's differentiable outputs (its incoming gradient)
+    after_peak: int  # from the last block's return to the model's
+    model_end: int  # live at the model's return
+    output_bytes: int  # the model's outputs (the caller holds them through the backward)
+    output_grad_bytes: int  # the model's differentiable floating-point outputs
+
+
+@dataclass
+class _Step:
+    root_key: tuple
+    resident_bytes: int
+    mode: str  # "measure" (first call of the key), "planned", "fallback" (a block's key differs: checkpointed)
+    keys: list = field(default_factory=list)
+    choice: ChainChoice | None = None
+    expected: tuple | None = None
+    probe: _Probe | None = None
+    measured: _Measured | None = None
+
+
+@dataclass
+class StepRecord:
+    """What one training call ran: its mode, the options by block, the chain's predicted peak (bytes, the step's
+    resident bytes included; None for a measuring call)."""
+    mode: str
+    options: list[str]
+    predicted_peak_bytes: int | None
+    budget_bytes: int
+
+
+class InPlacePlan:
+    """The in-place planner of one model (see the module docstring); `planner.enable` returns it."""
+
+    def __init__(self, model: torch.nn.Module, budget_bytes: int, block_names: list[str], *, time_limit_s: float,
+                 compile: bool, cost_model: str, progress: bool | Callable[[str], None]):
+        self.model = model
+        self.budget_bytes = int(budget_bytes)
+        self.block_names = list(block_names)
+        self.blocks = [model.get_submodule(n) for n in block_names]
+        self.time_limit_s = float(time_limit_s)
+        self.compile = compile
+        self.cost_model = cost_model
+        self.progress = progress
+        self._reset_caches()
+        self._handles: list = []
+
+    def _reset_caches(self) -> None:
+        self.profiles: dict[tuple, BlockProfile] = {}
+        self.measured: dict[tuple, _Measured] = {}
+        self.seen_keys: dict[tuple, list[tuple]] = {}  # root key -> the blocks' key tuples seen, latest last
+        self.choices: dict[tuple, ChainChoice] = {}
+        self.records: list[StepRecord] = []
+        self._step: _Step | None = None
+        self.plan_seconds = 0.0
+
+    # ---- copying and pickling: the caches are rebuilt lazily -----------------------------------------------
+    def __deepcopy__(self, memo):
+        import copy
+
+        new = InPlacePlan.__new__(InPlacePlan)
+        memo[id(self)] = new
+        new.model = copy.deepcopy(self.model, memo)
+        new.budget_bytes = self.budget_bytes
+        new.block_names = list(self.block_names)
+        new.blocks = [copy.deepcopy(b, memo) for b in self.blocks]
+        new.time_limit_s, new.compile, new.cost_model = self.time_limit_s, self.compile, self.cost_model
+        new.progress = self.progress
+        new._reset_caches()
+        new._handles = copy.deepcopy(self._handles, memo)
+        return new
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset_caches()
+
+    # ---- reporting ----------------------------------------------------------------------------------------
+    def _say(self, msg: str) -> None:
+        _log.info(msg)
+        if callable(self.progress):
+            self.progress(msg)
+        elif self.progress:
+            print(f"[planner] {msg}", file=sys.stderr, flush=True)
+
+    def summary(self) -> str:
+        last = self.records[-1] if self.records else None
+        lines = [f"in-place plan: {len(self.blocks)} blocks ({type(self.blocks[0]).__name__}), budget "
+                 f"{self.budget_bytes / GB:.6f} GB, {len(self.profiles)} block shape(s) profiled in "
+                 f"{self.plan_seconds:.2f} s, {len(self.choices)} choice(s) cached"]
+        for prof in self.profiles.values():
+            names = ", ".join(o.figures.name for o in prof.options)
+            lines.append(f"  block shape: {prof.nodes} nodes, options {names}" +
+                         (f"; {prof.note}" if prof.note else ""))
+        if last is not None:
+            peak = "" if last.predicted_peak_bytes is None else \
+                f", predicted peak {last.predicted_peak_bytes / GB:.6f} GB"
+            lines.append(f"  last step ({last.mode}){peak}: " + _runs(last.options))
+        return "\n".join(lines)
+
+    def explain(self) -> str:
+        lines = [self.summary()]
+        for prof in self.profiles.values():
+            for o in prof.options:
+                f = o.figures
+                lines.append(f"    {f.name}: recompute cost {f.cost:.6g}, stash {f.stash_bytes} B, forward "
+                             f"{f.forward_bytes} B, backward {f.backward_bytes} B")
+            for name, p in prof.plans.items():
+                lines.append(f"    {name}: {p.summary()}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """The plan as JSON-able data: per block shape its options with their figures, and the chains chosen."""
+        shapes = []
+        index = {}
+        for k, (key, prof) in enumerate(self.profiles.items()):
+            index[key] = k
+            shapes.append({"nodes": prof.nodes, "note": prof.note, "plan_seconds": prof.plan_seconds,
+                           "options": [vars(o.figures) for o in prof.options],
+                           "schedules": {name: p.to_dict() for name, p in prof.plans.items()}})
+        chains = [{"block_shapes": [index.get(k) for k in ck[1]], "resident_bytes": ck[2],
+                   "options": list(c.choice), "cost": c.cost, "peak_bytes_above_resident": c.peak_bytes}
+                  for ck, c in self.choices.items()]
+        return {"kind": "in-place", "budget_bytes": self.budget_bytes, "blocks": self.block_names,
+                "block_shapes": shapes, "chains": chains}
+
+    # ---- hooks --------------------------------------------------------------------------------------------
+    def _install(self) -> None:
+        self._handles = [
+            self.model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
+            self.model.register_forward_hook(self._post_forward, with_kwargs=True, always_call=True),
+        ]
+        for name, blk in zip(self.block_names, self.blocks):
+            if "forward" in blk.__dict__:
+                raise ValueError(f"block '{name}' already has a forward of its own (another wrapper?)")
+            blk.forward = _BlockForward(self, blk)
+
+    def _uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for blk in self.blocks:
+            if isinstance(blk.__dict__.get("forward"), _BlockForward):
+                del blk.__dict__["forward"]
+
+    def _root_key(self, args, kwargs) -> tuple:
+        leaves, spec = tree_flatten((args, kwargs))
+        metas = []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                metas.append((tuple(x.shape), str(x.dtype), str(x.device), x.requires_grad))
+            else:
+                try:
+                    hash(x)
+                    metas.append((type(x).__name__, x))
+                except TypeError:
+                    metas.append((type(x).__name__,))
+        autocast = tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda"))
+        params = tuple((p.requires_grad, str(p.dtype)) for p in self.model.parameters())
+        return (str(spec), tuple(metas), autocast, params)
+
+    def _resident_bytes(self, args, kwargs) -> int:
+        m = self.model
+        grads = [p.grad for p in m.parameters() if p.grad is not None]
+        inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        return storage_bytes([*m.parameters(), *m.buffers(), *grads, *inputs])
+
+    def _pre_forward(self, module, args, kwargs):
+        if self._step is not None and self._step.probe is not None:
+            self._step.probe.stop()
+        self._step = None
+        if not (torch.is_grad_enabled() and module.training):
+            return None
+        root_key = self._root_key(args, kwargs)
+        step = _Step(root_key, self._resident_bytes(args, kwargs), "planned")
+        if root_key not in self.measured:
+            step.mode = "measure"
+            device = next((t.device for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
+                          next(self.model.parameters()).device)
+            step.probe = _Probe(device)
+            step.measured = _Measured([], [], 0, 0, 0, 0)
+            step.probe.start()
+        self._step = step
+        return None
+
+    def _post_forward(self, module, args, kwargs, out):
+        step = self._step
+        if step is None:
+            return None
+        if step.mode == "measure" and step.probe is not None:
+            m = step.measured
+            m.after_peak = step.probe.peak()
+            m.model_end = step.probe.live()
+            step.probe.stop()
+            step.probe = None
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            m.output_bytes = storage_bytes(outs)
+            m.output_grad_bytes = storage_bytes([t for t in outs if t.requires_grad and t.is_floating_point()])
+            if len(m.forward_start) == len(step.keys):
+                self.measured[step.root_key] = m
+        keys = tuple(step.keys)
+        if keys:
+            seen = self.seen_keys.setdefault(step.root_key, [])
+            if keys in seen:
+                seen.remove(keys)
+            seen.append(keys)
+        self.records.append(StepRecord(step.mode, _option_names(self, step), _predicted(step), self.budget_bytes))
+        if step.mode == "measure" and step.root_key in self.measured and keys:
+            self._choose(step.root_key, keys, step.resident_bytes)  # fails now when nothing fits
+        self._step = None
+        return None
+
+    # ---- choosing -------------------------------------------------------------------------------------------
+    def _sites(self, measured: _Measured) -> ChainSites:
+        """The chain's memory sites from a measuring call and the gradients the backward will create now."""
+        seen: set = set()
+
+        def new_grad_bytes(params) -> int:
+            total = 0
+            for p in params:
+                if p.requires_grad and p.grad is None and id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel() * p.element_size()
+            return total
+
+        per_block = [new_grad_bytes(b.parameters()) for b in self.blocks]
+        outside = new_grad_bytes(self.model.parameters())
+        n = len(measured.forward_start)
+        later = [sum(per_block[i + 1:]) for i in range(n)] if n == len(per_block) else [sum(per_block)] * n
+        backward_start = tuple(measured.forward_start[i] + measured.output_grad[i] + measured.output_bytes +
+                               later[i] + outside for i in range(n))
+        after = max(measured.after_peak,
+                    measured.model_end + 2 * measured.output_grad_bytes + outside)
+        return ChainSites(tuple(measured.forward_start), backward_start, after)
+
+    def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int) -> ChainChoice:
+        ck = (root_key, keys, resident_bytes)
+        hit = self.choices.get(ck)
+        if hit is not None:
+            return hit
+        measured = self.measured[root_key]
+        options = [self.profiles[k].figures for k in keys]
+        sites = self._sites(measured)
+        try:
+            choice = choose_options(options, sites, self.budget_bytes - resident_bytes)
+        except InfeasibleBudgetError as e:
+            least = resident_bytes + (e.min_budget_bytes or 0)
+            raise InfeasibleBudgetError(
+                self.budget_bytes, least, "in-place",
+                f"one option per block ({', '.join(sorted({o.name for opts in options for o in opts}))}); the "
+                f"least budget a choice meets at this call is {least / GB:.6f} GB") from None
+        self.choices[ck] = choice
+        names = [options[i][k].name for i, k in enumerate(choice.choice)]
+        self._say(f"chose for {len(keys)} blocks: {_runs(names)}; predicted peak "
+                  f"{(resident_bytes + choice.peak_bytes) / GB:.6f} GB of {self.budget_bytes / GB:.6f} GB")
+        return choice
+
+    # ---- a block's call -------------------------------------------------------------------------------------
+    def run_block(self, block: torch.nn.Module, args: tuple, kwargs: dict):
+        step = self._step
+        if step is None or not torch.is_grad_enabled() or not block.training:
+            return original_forward(block)(*args, **kwargs)
+        i = len(step.keys)
+        call, tensors = BlockCall.of(block, args, kwargs)
+        step.keys.append(call.key)
+        if step.mode == "measure":
+            step.measured.forward_start.append(step.probe.live())
+        prof = self.profiles.get(call.key)
+        if prof is None:
+            with _untracked():
+                t0 = time.perf_counter()
+                prof = profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
+                                     cost_model=self.cost_model, compile=self.compile, say=self._say)
+                self.plan_seconds += time.perf_counter() - t0
+            self.profiles[call.key] = prof
+        if step.mode == "planned" and i == 0:
+            step.expected = next((ks for ks in reversed(self.seen_keys.get(step.root_key, []))
+                                  if ks and ks[0] == call.key), None)
+            if step.expected is None or any(k not in self.profiles for k in step.expected):
+                step.mode = "fallback"
+            else:
+                step.choice = self._choose(step.root_key, step.expected, step.resident_bytes)
+        if step.mode == "planned" and (i >= len(step.expected) or step.expected[i] != call.key):
+            step.mode = "fallback"
+        if step.mode == "planned":
+            option = prof.options[step.choice.choice[i]]
+        else:
+            option = _whole(prof)
+        out = option.run(block, tensors)
+        if step.mode == "measure":
+            step.measured.output_grad.append(storage_bytes(
+                [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]))
+            step.probe.reset_peak()
+        return out
+
+
+def _whole(prof: BlockProfile):
+    """The checkpointed option (the kept one where the block cannot be checkpointed)."""
+    return next((o for o in prof.options if o.figures.name == "checkpointed"), prof.options[0])
+
+
+def _option_names(state: InPlacePlan, step: _Step) -> list[str]:
+    if step.mode == "planned" and step.choice is not None:
+        return [state.profiles[k].options[c].figures.name for k, c in zip(step.expected, step.choice.choice)]
+    return [_whole(state.profiles[k]).figures.name for k in step.keys if k in state.profiles]
+
+
+def _predicted(step: _Step) -> int | None:
+    return None if step.choice is None else step.resident_bytes + step.choice.peak_bytes
+
+
+def _runs(names: list[str]) -> str:
+    """'planned@0.7 x 6, checkpointed x 2' (consecutive equal names grouped)."""
+    out: list[list] = []
+    for n in names:
+        if out and out[-1][0] == n:
+            out[-1][1] += 1
+        else:
+            out.append([n, 1])
+    return ", ".join(f"{n} x {c}" if c > 1 else n for n, c in out)
+
+
+class _BlockForward:
+    """A block's forward under the in-place planner (an instance attribute, so `block(...)` still runs the block's
+    hooks around it)."""
+
+    def __init__(self, state: InPlacePlan, block: torch.nn.Module):
+        self.state = state
+        self.block = block
+
+    def __call__(self, *args, **kwargs):
+        return self.state.run_block(self.block, args, kwargs)
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return _BlockForward(copy.deepcopy(self.state, memo), copy.deepcopy(self.block, memo))
+
+
+# ---------------------------------------------------------------------------------------------
+# the public functions
+# ---------------------------------------------------------------------------------------------
+def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
+    from planner.checkpointing import repeated_blocks
+
+    if blocks is None:
+        names = repeated_blocks(model)
+        if not names:
+            raise ValueError(f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of two or "
+                             "more modules of one class): name them with blocks=")
+        return names
+    if isinstance(blocks, (type, str)):
+        blocks = [blocks]
+    classes = tuple(b for b in blocks if isinstance(b, type))
+    names = [b for b in blocks if isinstance(b, str)]
+    for n in names:
+        model.get_submodule(n)  # AttributeError names a missing one
+    if classes:
+        found = [n for n, m in model.named_modules() if isinstance(m, classes) and n]
+        # the outermost only: a block inside another is planned with it
+        names += [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]
+    if not names:
+        raise ValueError(f"no module of {model.__class__.__name__} matches blocks={blocks!r}")
+    order = {n: k for k, (n, _) in enumerate(model.named_modules())}
+    return sorted(set(names), key=order.__getitem__)
+
+
+def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 20.0,
+           compile: bool = False, progress: bool | Callable[[str], None] = False,
+           cost_model: str = "flops") -> InPlacePlan:
+    """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step
+    (see the module docstring); returns the planner (also `inplace_plan(model)`).
+
+    blocks: module names or classes of the blocks (default: planner.checkpointing.repeated_blocks).
+    time_limit_s: per new block shape, for tracing and planning it.
+    compile: run planned blocks through inductor (planner.inductor).
+    """
+    from planner.api import budget_bytes_from_gb
+
+    if _ATTR in model.__dict__:
+        raise ValueError("the planner is already enabled on this model: planner.disable(model) first")
+    state = InPlacePlan(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
+                        time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress)
+    state._install()
+    model.__dict__[_ATTR] = state
+    return state
+
+
+def disable(model: torch.nn.Module) -> None:
+    """Undo `enable`: the blocks' own forwards again, the hooks removed."""
+    state = model.__dict__.pop(_ATTR, None)
+    if state is None:
+        raise ValueError("the planner is not enabled on this model")
+    state._uninstall()
+
+
+def inplace_plan(model: torch.nn.Module) -> InPlacePlan | None:
+    """The in-place planner enabled on `model`, or None."""
+    return model.__dict__.get(_ATTR)
+
