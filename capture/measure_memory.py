@@ -32,11 +32,18 @@ class StorageTracker(TorchDispatchMode):
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
-        self._tracked: set[StorageWeakRef] = set()
+        self._tracked: dict[StorageWeakRef, int] = {}  # live storage -> its bytes
 
     def _release(self, key: StorageWeakRef, nbytes: int) -> None:
-        self._tracked.discard(key)
+        self._tracked.pop(key, None)
         self.live_bytes -= nbytes
+
+    def live_storages(self) -> frozenset:
+        """The storages alive now (to ask later, with `bytes_still_alive`, how many of them outlive a stretch)."""
+        return frozenset(self._tracked)
+
+    def bytes_still_alive(self, storages: frozenset) -> int:
+        return sum(self._tracked.get(k, 0) for k in storages)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -53,7 +60,7 @@ class StorageTracker(TorchDispatchMode):
             if key in seen_inputs or key in self._tracked:
                 continue
             nbytes = int(st.nbytes())
-            self._tracked.add(key)
+            self._tracked[key] = nbytes
             self.live_bytes += nbytes
             weakref.finalize(st, self._release, key, nbytes)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)

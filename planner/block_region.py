@@ -32,7 +32,7 @@ from graphs.errors import RematError
 from graphs.simulate import reference_peak_bytes
 from solvers.exact.option_chain import BlockOption
 
-PLAN_FRACTIONS = (0.85, 0.7, 0.55, 0.4)  # of the block's no-recomputation peak: the planned options tried
+PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
 
 
 class _TensorSlot:
@@ -162,9 +162,23 @@ def _restored(block: torch.nn.Module):
                     b.copy_(saved[n])
 
 
+class _Seed(torch.autograd.Function):
+    """Identity whose backward makes a dense incoming gradient of ones: the gradient a block's output receives is
+    allocated inside the measurement (and freed by autograd once used, as the real one is)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.ones(g.shape, dtype=g.dtype, device=g.device)
+
+
 def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> tuple[int, int, int]:
     """(stash_bytes, forward_bytes, backward_bytes) of one option (see solvers.exact.option_chain), measured on one
-    forward and backward of the block from fresh leaves of `tensors`."""
+    forward and backward of the block from fresh leaves of `tensors`. backward_bytes includes the output's incoming
+    gradient, which is allocated when the backward starts and freed once used."""
     inputs = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
     params = [p for p in block.parameters() if p.requires_grad]
     wrt = params + [t for t in inputs if t.requires_grad]
@@ -174,17 +188,18 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> 
             out = run(inputs)
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         out_bytes = storage_bytes(outs)
-        diff = [t for t in outs if t.requires_grad and t.grad_fn is not None]
+        diff = [t for t in outs if t.requires_grad and t.grad_fn is not None and t.is_floating_point()]
         forward_bytes = tracker.peak_bytes
         stash = max(0, tracker.live_bytes - out_bytes)
-        seeds = [torch.ones_like(t) for t in diff]  # the incoming gradients: the caller's, outside the block
-        tracker.peak_bytes = tracker.live_bytes
-        with tracker:
-            if diff and wrt:
-                grads = torch.autograd.grad(diff, wrt, seeds, allow_unused=True)
+        if diff and wrt:
+            total = sum(_Seed.apply(t).sum() for t in diff)  # scalars: nothing the tracker counts
+            tracker.peak_bytes = tracker.live_bytes
+            with tracker:
+                grads = torch.autograd.grad(total, wrt, allow_unused=True)
                 del grads
+            del total
         backward_bytes = max(0, tracker.peak_bytes - out_bytes)
-        del out, outs, diff, seeds
+        del out, outs, diff
     return int(stash), int(forward_bytes), int(backward_bytes)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -74,17 +75,48 @@ class _Probe:
         else:
             self.tracker.peak_bytes = self.tracker.live_bytes
 
+    def snapshot(self):
+        """What is alive now (CPU; None on CUDA, where the allocator cannot tell)."""
+        return None if self.cuda else self.tracker.live_storages()
+
+    def surviving(self, snapshot) -> int | None:
+        """Bytes of a snapshot still alive (None on CUDA)."""
+        return None if snapshot is None else self.tracker.bytes_still_alive(snapshot)
+
     def stop(self) -> None:
         if self.tracker is not None:
             self.tracker.__exit__(None, None, None)
             self.tracker = None
 
 
-def _untracked():
-    """A context in which no dispatch mode of the caller's (the probe's tracker) sees the work."""
-    from torch.utils._python_dispatch import _disable_current_modes
+def _isolated(fn: Callable):
+    """`fn()` run on a thread of its own, under the caller's autocast state and CUDA device: no dispatch mode of
+    the caller's (the probe's tracker, the user's) sees the work, and nothing it keeps (a traceback stored by a
+    solver, say) can hold the frames of the model's forward, and with them its activations, alive."""
+    import contextlib
+    import threading
 
-    return _disable_current_modes()
+    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    box: dict = {}
+
+    def target():
+        try:
+            with contextlib.ExitStack() as stack:
+                if device is not None:
+                    torch.cuda.set_device(device)
+                for d, dtype in autocast:
+                    stack.enter_context(torch.autocast(d, dtype=dtype))
+                box["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="planner-block-profile")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,6 +131,11 @@ class _Measured:
     model_end: int  # live at the model's return
     output_bytes: int  # the model's outputs (the caller holds them through the backward)
     output_grad_bytes: int  # the model's differentiable floating-point outputs
+    first_args_bytes: int = 0  # the first block's tensor arguments made during the step (a mask, the hidden state)
+    used_after: list = field(default_factory=list)  # parameters the part after the blocks uses (weak references)
+    # of what was live at each block's start, the bytes still live at the model's return (what the backward finds;
+    # the model's locals, such as the embeddings' outputs, are gone by then); the forward figure where unknown
+    surviving: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -111,6 +148,11 @@ class _Step:
     expected: tuple | None = None
     probe: _Probe | None = None
     measured: _Measured | None = None
+    block_outputs: list = field(default_factory=list)  # autograd nodes of the blocks' outputs (measuring calls)
+    snapshots: list = field(default_factory=list)  # what was live at each block's start (measuring calls, CPU)
+    inputs: list = field(default_factory=list)  # the model's tensor inputs
+    offset: int = 0  # a measurement begun at the first block: the bytes the step held before it (estimated)
+    offset_surviving: int = 0
 
 
 @dataclass
@@ -272,15 +314,26 @@ class InPlacePlan:
             return None
         root_key = self._root_key(args, kwargs)
         step = _Step(root_key, self._resident_bytes(args, kwargs), "planned")
-        if root_key not in self.measured:
-            step.mode = "measure"
-            device = next((t.device for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)),
-                          next(self.model.parameters()).device)
-            step.probe = _Probe(device)
-            step.measured = _Measured([], [], 0, 0, 0, 0)
-            step.probe.start()
+        step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        if not any(k[0] == root_key for k in self.measured):
+            self._start_measuring(step)
         self._step = step
         return None
+
+    def _start_measuring(self, step: _Step) -> None:
+        step.mode = "measure"
+        device = step.inputs[0].device if step.inputs else next(self.model.parameters()).device
+        step.probe = _Probe(device)
+        step.measured = _Measured([], [], 0, 0, 0, 0)
+        step.probe.start()
+
+    def _made_in_step_bytes(self, step: _Step, tensors) -> int:
+        """Bytes of `tensors` not sharing storage with the parameters, buffers or the model's inputs."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        held = {StorageWeakRef(t.untyped_storage()) for t in (*self.model.parameters(), *self.model.buffers(),
+                                                               *step.inputs)}
+        return storage_bytes([t for t in tensors if StorageWeakRef(t.untyped_storage()) not in held])
 
     def _post_forward(self, module, args, kwargs, out):
         step = self._step
@@ -288,23 +341,28 @@ class InPlacePlan:
             return None
         if step.mode == "measure" and step.probe is not None:
             m = step.measured
-            m.after_peak = step.probe.peak()
-            m.model_end = step.probe.live()
+            m.after_peak = step.offset + step.probe.peak()
+            m.model_end = step.offset + step.probe.live()
+            m.surviving = [f if snap is None else step.offset_surviving + step.probe.surviving(snap)
+                           for f, snap in zip(m.forward_start, step.snapshots)]
+            step.snapshots = []
             step.probe.stop()
             step.probe = None
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             m.output_bytes = storage_bytes(outs)
             m.output_grad_bytes = storage_bytes([t for t in outs if t.requires_grad and t.is_floating_point()])
-            if len(m.forward_start) == len(step.keys):
-                self.measured[step.root_key] = m
+            m.used_after = [weakref.ref(p) for p in _parameters_reached(outs, step.block_outputs)]
+            step.block_outputs = []
         keys = tuple(step.keys)
+        if step.mode == "measure" and len(step.measured.forward_start) == len(keys):
+            self.measured[(step.root_key, keys)] = step.measured
         if keys:
             seen = self.seen_keys.setdefault(step.root_key, [])
             if keys in seen:
                 seen.remove(keys)
             seen.append(keys)
         self.records.append(StepRecord(step.mode, _option_names(self, step), _predicted(step), self.budget_bytes))
-        if step.mode == "measure" and step.root_key in self.measured and keys:
+        if step.mode == "measure" and (step.root_key, keys) in self.measured and keys:
             self._choose(step.root_key, keys, step.resident_bytes)  # fails now when nothing fits
         self._step = None
         return None
@@ -323,13 +381,19 @@ class InPlacePlan:
             return total
 
         per_block = [new_grad_bytes(b.parameters()) for b in self.blocks]
-        outside = new_grad_bytes(self.model.parameters())
+        # the gradients of the parameters the part after the blocks uses exist before the blocks' backward; those of
+        # the part before them (embeddings) come after it
+        head = new_grad_bytes([p for p in (r() for r in measured.used_after) if p is not None])
+        before = new_grad_bytes(self.model.parameters())
         n = len(measured.forward_start)
         later = [sum(per_block[i + 1:]) for i in range(n)] if n == len(per_block) else [sum(per_block)] * n
-        backward_start = tuple(measured.forward_start[i] + measured.output_grad[i] + measured.output_bytes +
-                               later[i] + outside for i in range(n))
+        # the block's incoming gradient is part of its own backward_bytes (block_region.measure_option)
+        alive = measured.surviving if len(measured.surviving) == n else measured.forward_start
+        backward_start = tuple(alive[i] + measured.output_bytes + later[i] + head for i in range(n))
+        first = alive[0] if n else 0
         after = max(measured.after_peak,
-                    measured.model_end + 2 * measured.output_grad_bytes + outside)
+                    measured.model_end + 2 * measured.output_grad_bytes + head,
+                    first + measured.output_bytes + sum(per_block) + head + before)
         return ChainSites(tuple(measured.forward_start), backward_start, after)
 
     def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int) -> ChainChoice:
@@ -337,7 +401,7 @@ class InPlacePlan:
         hit = self.choices.get(ck)
         if hit is not None:
             return hit
-        measured = self.measured[root_key]
+        measured = self.measured[(root_key, keys)]
         options = [self.profiles[k].figures for k in keys]
         sites = self._sites(measured)
         try:
@@ -362,23 +426,33 @@ class InPlacePlan:
         i = len(step.keys)
         call, tensors = BlockCall.of(block, args, kwargs)
         step.keys.append(call.key)
-        if step.mode == "measure":
-            step.measured.forward_start.append(step.probe.live())
-        prof = self.profiles.get(call.key)
-        if prof is None:
-            with _untracked():
-                t0 = time.perf_counter()
-                prof = profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
-                                     cost_model=self.cost_model, compile=self.compile, say=self._say)
-                self.plan_seconds += time.perf_counter() - t0
-            self.profiles[call.key] = prof
         if step.mode == "planned" and i == 0:
             step.expected = next((ks for ks in reversed(self.seen_keys.get(step.root_key, []))
-                                  if ks and ks[0] == call.key), None)
-            if step.expected is None or any(k not in self.profiles for k in step.expected):
-                step.mode = "fallback"
-            else:
-                step.choice = self._choose(step.root_key, step.expected, step.resident_bytes)
+                                  if ks and ks[0] == call.key and (step.root_key, ks) in self.measured), None)
+            if step.expected is None:
+                # blocks called otherwise than in any measured call with these inputs (the mask code took another
+                # path): measure from here, the bytes held before the first block estimated from an earlier
+                # measurement of these inputs, its first block's arguments replaced by this one's
+                earlier = next(m for (rk, _), m in reversed(self.measured.items()) if rk == step.root_key)
+                args_bytes = self._made_in_step_bytes(step, tensors)
+                step.offset = max(0, earlier.forward_start[0] - earlier.first_args_bytes + args_bytes)
+                step.offset_surviving = max(0, earlier.surviving[0] - earlier.first_args_bytes + args_bytes) \
+                    if earlier.surviving else step.offset
+                self._start_measuring(step)
+        if step.mode == "measure":
+            if i == 0:
+                step.measured.first_args_bytes = self._made_in_step_bytes(step, tensors)
+            step.measured.forward_start.append(step.offset + step.probe.live())
+            step.snapshots.append(step.probe.snapshot())
+        prof = self.profiles.get(call.key)
+        if prof is None:
+            t0 = time.perf_counter()
+            prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
+                                                   cost_model=self.cost_model, compile=self.compile, say=self._say))
+            self.plan_seconds += time.perf_counter() - t0
+            self.profiles[call.key] = prof
+        if step.mode == "planned" and i == 0:
+            step.choice = self._choose(step.root_key, step.expected, step.resident_bytes)
         if step.mode == "planned" and (i >= len(step.expected) or step.expected[i] != call.key):
             step.mode = "fallback"
         if step.mode == "planned":
@@ -387,10 +461,30 @@ class InPlacePlan:
             option = _whole(prof)
         out = option.run(block, tensors)
         if step.mode == "measure":
-            step.measured.output_grad.append(storage_bytes(
-                [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]))
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+            step.measured.output_grad.append(storage_bytes(outs))
+            step.block_outputs += [t.grad_fn for t in outs if t.grad_fn is not None]
             step.probe.reset_peak()
         return out
+
+
+def _parameters_reached(outputs: list[torch.Tensor], stops: list) -> list[torch.Tensor]:
+    """The leaf tensors requiring grad (parameters) the outputs' autograd graph reaches without passing through the
+    nodes `stops` (the blocks' outputs): what the part after the blocks uses."""
+    stop_ids = {id(n) for n in stops}
+    seen: set = set()
+    found: dict[int, torch.Tensor] = {}
+    todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen or id(node) in stop_ids:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor):
+            found[id(var)] = var
+        todo.extend(fn for fn, _ in node.next_functions)
+    return list(found.values())
 
 
 def _whole(prof: BlockProfile):
@@ -464,7 +558,7 @@ def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
     return sorted(set(names), key=order.__getitem__)
 
 
-def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 20.0,
+def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 5.0,
            compile: bool = False, progress: bool | Callable[[str], None] = False,
            cost_model: str = "flops") -> InPlacePlan:
     """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step

@@ -15,8 +15,9 @@ backward at backward_start[i] + (stash of blocks < i) + backward_bytes, and the 
 after_bytes + (stash of every block).
 
 `choose_options` minimises the summed cost by dynamic programming over the chain; its state is the stash so far,
-rounded up to a grid of `resolution` steps of the budget (so a choice it returns is within the budget by the exact
-sums, which it recomputes). It raises InfeasibleBudgetError naming the least peak any choice reaches.
+rounded up to a grid of `resolution` steps of the budget (a choice it returns is within the budget by the exact
+sums; near the budget the rounding may cost it the cheapest choice, and where it loses every choice it returns the
+least-peak one). It raises InfeasibleBudgetError naming the least peak any choice reaches.
 """
 from __future__ import annotations
 
@@ -122,7 +123,9 @@ def choose_options(options: list[list[BlockOption]], sites: ChainSites, budget_b
             break
     finals = [(cost, ch) for cost, stash, ch in states.values() if sites.after_bytes + stash <= budget_bytes]
     if not finals or len(finals[0][1]) != n:
-        _, least = least_peak(options, sites)
+        ch, least = least_peak(options, sites)
+        if least <= budget_bytes:  # the grid's rounding lost every state near the budget: the least-peak choice fits
+            return ChainChoice(ch, sum(options[i][k].cost for i, k in enumerate(ch)), least)
         raise InfeasibleBudgetError(budget_bytes, least, "option_chain",
                                     "the least peak of any choice of one option per block")
     cost, ch = min(finals)

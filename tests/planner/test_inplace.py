@@ -1,0 +1,121 @@
+"""planner.enable / disable: in-place per-block planning trains as eager does, within its budget, on a stream of
+mixed batches, and leaves the user's model what it was (transformers models built from tiny configs)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import planner
+from graphs.errors import InfeasibleBudgetError
+from planner.checkpointing import per_block_checkpointed
+from planner.measure import measure_peak_bytes
+
+pytest.importorskip("transformers")
+from examples.hf_zoo import build  # noqa: E402
+
+LIMIT_S = 2.0  # per new block shape: the options found may differ with the machine's speed, the checks do not
+
+
+def _stream(batch: dict) -> list[dict]:
+    """Two sequence lengths, rows padded and not, labels -100 on the padding."""
+    full = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+    full["attention_mask"][:] = 1
+    full["labels"] = full["input_ids"].clone()
+    padded = {k: v.clone() if torch.is_tensor(v) else v for k, v in full.items()}
+    padded["attention_mask"][1, -9:] = 0
+    padded["labels"][1, -9:] = -100
+    short = {k: v[:, :24].clone() if torch.is_tensor(v) else v for k, v in padded.items()}
+    short_full = {k: v[:, :24].clone() if torch.is_tensor(v) else v for k, v in full.items()}
+    return [full, padded, short, padded, short_full, full]
+
+
+def _step(model, opt, batch, seed):
+    torch.manual_seed(seed)
+    loss = model(**batch).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_mixed_stream_equals_eager_within_per_block_checkpointings_peak(name):
+    model, batch = build(name, "test")  # GPT-2's config has dropout 0.1: the RNG stays eager's
+    stream = _stream(batch)
+    longest = [b for b in stream if b["input_ids"].shape[1] == stream[0]["input_ids"].shape[1]]
+    budget = 0
+    for b in longest:
+        torch.manual_seed(0)
+        budget = max(budget, measure_peak_bytes(per_block_checkpointed(model), b))
+    eager = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    cls = type(model)
+    state = planner.enable(model, budget / 1e9, time_limit_s=LIMIT_S)
+    assert planner.inplace_plan(model) is state and type(model) is cls and list(model.state_dict()) == keys
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt_p = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for k, b in enumerate(stream):
+        torch.manual_seed(100 + k)
+        peak = measure_peak_bytes(model, b)  # a step of its own (gradients reset after): the memory of this key
+        assert peak <= budget, (k, state.records[-1])
+        le, lp = _step(eager, opt_e, b, k), _step(model, opt_p, b, k)
+        assert torch.equal(le, lp), k
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p, q), (k, n)
+    assert any(r.mode == "planned" for r in state.records)
+    assert "block shape" in state.summary() and state.to_dict()["chains"]
+    # the model is still the user's: deepcopy trains equal, generate runs in eval, disable restores the forwards
+    twin, twin_eager = copy.deepcopy(model), copy.deepcopy(eager)
+    assert planner.inplace_plan(twin) is not state
+    ot, ote = torch.optim.AdamW(twin.parameters(), lr=1e-3), torch.optim.AdamW(twin_eager.parameters(), lr=1e-3)
+    for k, b in enumerate(stream[:2]):
+        assert torch.equal(_step(twin, ot, b, k), _step(twin_eager, ote, b, k))
+    assert all(torch.equal(p, q) for p, q in zip(twin.parameters(), twin_eager.parameters()))
+    model.eval()
+    out = model.generate(stream[0]["input_ids"][:1, :8], max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 11)
+    planner.disable(model)
+    assert planner.inplace_plan(model) is None
+    assert all("forward" not in model.get_submodule(n).__dict__ for n in state.block_names)
+
+
+def test_eval_and_no_grad_run_the_model_as_it_is():
+    model, batch = build("gpt2", "test")
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    with torch.no_grad():
+        model(**batch)
+    model.eval()
+    model(**batch)
+    assert not state.profiles and not state.records
+
+
+def test_a_budget_no_choice_meets_names_the_least():
+    model, batch = build("llama", "test")
+    planner.enable(model, 1e-5, time_limit_s=LIMIT_S)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        model(**batch)
+    least = info.value.min_budget_bytes
+    assert least is not None and least > 10_000 and f"{least / 1e9:.6f} GB" in str(info.value)
+    planner.disable(model)
+    planner.enable(model, least / 1e9, time_limit_s=LIMIT_S)
+    for _ in range(2):  # the named budget works (for calls like that one: no gradients held before it)
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+
+def test_blocks_by_name_or_class_and_refusals():
+    model, _ = build("gpt2", "test")
+    block_cls = type(model.transformer.h[0])
+    state = planner.enable(model, 1.0, blocks=block_cls)
+    assert state.block_names == ["transformer.h.0", "transformer.h.1"]
+    with pytest.raises(ValueError, match="already enabled"):
+        planner.enable(model, 1.0)
+    planner.disable(model)
+    assert planner.enable(model, 1.0, blocks=["transformer.h.1"]).block_names == ["transformer.h.1"]
+    planner.disable(model)
+    with pytest.raises(ValueError, match="not enabled"):
+        planner.disable(model)
+    with pytest.raises(ValueError, match="no repeated blocks"):
+        planner.enable(torch.nn.Linear(3, 3), 1.0)
