@@ -119,3 +119,30 @@ def test_blocks_by_name_or_class_and_refusals():
         planner.disable(model)
     with pytest.raises(ValueError, match="no repeated blocks"):
         planner.enable(torch.nn.Linear(3, 3), 1.0)
+
+
+def test_a_block_that_cannot_be_traced_falls_back_to_whole_block_options():
+    """Mixtral's experts (the library's default grouped-matmul code, whose meta kernel asks for bf16) cannot be
+    traced: its blocks are kept or checkpointed whole, chosen by the same chain, and train as eager does."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                     num_key_value_heads=2, vocab_size=128, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).train()
+    eager = copy.deepcopy(model)
+    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids, "use_cache": False}
+    torch.manual_seed(0)
+    budget = measure_peak_bytes(per_block_checkpointed(model), batch)
+    state = planner.enable(model, budget / 1e9, time_limit_s=LIMIT_S)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt_p = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for k in range(3):
+        assert torch.equal(_step(eager, opt_e, batch, k), _step(model, opt_p, batch, k))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters()))
+    prof = next(iter(state.profiles.values()))
+    if prof.nodes == 0:  # where a later library traces the experts, the planned options join instead
+        assert "could not be traced" in state.summary()
+        assert {o.figures.name for o in prof.options} == {"kept", "checkpointed"}
+    assert state.records[-1].mode == "planned"
