@@ -26,7 +26,7 @@ from planner.progress import Reporter
 from planner.solver_graph import split_position, traced_sequence
 from planner.step_builder import build_step
 from planner.tracing import loss_workspace_bytes, node_modules, trace_model
-from solvers.base import solve
+from solvers.base import FLOOR_REASON, solve
 
 COST_MODELS = ("auto", "flops", "time", "roofline")
 FIRST_SOLVE_SHARE = 0.75  # of plan()'s time limit, for the first solve of a graph with secondary outputs
@@ -176,10 +176,15 @@ def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_
         say(f"infeasible; finding the smallest feasible budget ({left:.0f} s at most)")
         found = problem.smallest_budget(left)
         smallest, how, by = found.budget_bytes, found.proof, found.solver
-        if smallest is None and e.min_budget_bytes is not None:
+        if smallest is None and e.min_budget_bytes is not None and not e.reason.startswith(FLOOR_REASON):
             smallest, how, by = e.min_budget_bytes, e.reason, solver
-        gb = "unknown" if smallest is None else f"{smallest / GB:.9f} GB ({smallest} bytes)"
-        if smallest is not None and by not in (None, solver):
+        if smallest is None:  # the proof stands; the search for a budget that works found none in its time
+            raise InfeasibleBudgetError(
+                budget_bytes, None, solver,
+                f"budget {budget_bytes / GB:.9f} GB: {e.reason}; no budget known to work was found in {left:.0f} s; "
+                f"{how}") from e
+        gb = f"{smallest / GB:.9f} GB ({smallest} bytes)"
+        if by not in (None, solver):
             gb += f", met by solver '{by}'"
         raise InfeasibleBudgetError(
             budget_bytes, smallest, solver,

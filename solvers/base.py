@@ -97,10 +97,12 @@ def check_budget_floor(graph: Graph, budget_bytes: int, solver: str) -> None:
     """
     floor = graph.single_op_bound_bytes()
     if budget_bytes < floor:
-        raise InfeasibleBudgetError(
-            budget_bytes, floor, solver,
-            "single-operation bound: some node needs its inputs and output resident together",
-        )
+        raise InfeasibleBudgetError(budget_bytes, floor, solver, FLOOR_REASON)
+
+
+# the reason check_budget_floor gives: its min_budget_bytes is a bound no budget below can meet, not a budget known
+# to be met
+FLOOR_REASON = "single-operation bound: some node needs its inputs and output resident together"
 
 
 def solve(graph: Graph, budget_bytes: int, solver: str = "checkpoint_all", *, time_limit_s: float | None = None,
