@@ -246,7 +246,8 @@ class TraceResult:
 
     def run_joint(self, primals: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor]) -> list:
         """Run `joint_module` and return its outputs as one flat list (see `output_kinds`)."""
-        fwd, grads = self.joint_module(list(primals), list(tangents))
+        with torch._C._DisableAutocast():  # the graph holds autocast's casts from its capture
+            fwd, grads = self.joint_module(list(primals), list(tangents))
         return [*fwd, *grads]
 
     def tangents_like(self, primals: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -677,7 +678,8 @@ def trace(
     tangents = [_ones_like_meta(ph.meta["val"]) for ph in _placeholders(gm)[len(primals):]]
     flat_args = [p.detach() for p in primals] + tangents
     fixed_bytes = storage_bytes(flat_args)
-    with torch.random.fork_rng(devices=devices):
+    # the joint graph holds the casts autocast made while it was captured: it runs with autocast off
+    with torch.random.fork_rng(devices=devices), torch._C._DisableAutocast():
         records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name, real_run)
         if cost_model == "time":
             times = _costs.time_nodes(gm, flat_args, warmup=1, repeats=time_repeats)

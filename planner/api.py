@@ -97,6 +97,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
 
 def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, device_name, traced, loss_fn,
           say: Reporter) -> Plan:
+    refuse_wrapper(model)
     call, inputs = CallSpec.of(sample_input)
     budget_bytes = budget_bytes_from_gb(budget_gb)
     cm = _resolve_cost_model(cost_model)
@@ -211,6 +212,29 @@ def _resolve_cost_model(cost_model: str) -> str:
 
 class LossNotPlannedWarning(UserWarning):
     """The model returns no scalar loss and no `loss_fn` was given: the loss's memory is not in the plan."""
+
+
+def refuse_wrapper(model: torch.nn.Module) -> None:
+    """A whole-model plan of a DDP, FSDP or torch.compile wrapper would trace the wrapper's own machinery once and
+    then run without it (DDP all-reducing only in the first step): refuse it, naming the order that works."""
+    name = type(model).__name__
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ValueError(f"plan() of a {name} (DistributedDataParallel) module: plan the inner module and wrap the "
+                         "result, DistributedDataParallel(plan(model, ...).apply(model)), or plan in place, "
+                         "planner.enable(model, budget_gb) and then DistributedDataParallel(model)")
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # a build without torch.distributed
+        FSDPModule = FullyShardedDataParallel = ()
+    if isinstance(model, (FSDPModule, FullyShardedDataParallel)):
+        raise ValueError(f"plan() of a {name} (FSDP-sharded) module: a sharded model cannot be traced whole; plan in "
+                         "place before sharding, planner.enable(model, budget_gb), then fully_shard each block and "
+                         "the root")
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule):
+        raise ValueError(f"plan() of a {name} (torch.compile) module: plan the original module, "
+                         "plan(model, ...).apply(model, compile=True) compiles the planned step with inductor")
 
 
 def _warn_if_no_loss(traced) -> None:

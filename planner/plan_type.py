@@ -24,7 +24,7 @@ from graphs.result import SolveResult
 from graphs.schedule import Schedule, Status
 from graphs.schedule_json import load_result, result_to_dict
 from planner.problem import GraphKind, PlanningProblem
-from planner.runtime import PlannedModule
+from planner.runtime import PlannedModule, autocast_state
 from planner.solver_graph import split_position, traced_sequence
 from planner.step_builder import StepHalves, build_step
 from planner.tracing import trace_model
@@ -43,6 +43,7 @@ def fingerprint(model: torch.nn.Module, inputs: tuple | None) -> dict:
     }
     if inputs is not None:
         fp["inputs"] = [[list(t.shape), str(t.dtype)] for t in inputs]
+        fp["autocast"] = autocast_state()
     return fp
 
 

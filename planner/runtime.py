@@ -9,6 +9,7 @@ The halves are built once: by `Plan.apply` where it has the trace, else at the f
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
@@ -18,11 +19,25 @@ from planner.inductor import compile_halves
 from planner.step_builder import StepHalves, build_step
 
 
+def autocast_state() -> list[list]:
+    """[device, dtype] of each device type whose autocast is on now ([] when none is): a traced graph holds the casts
+    autocast made while it was traced."""
+    return [[d, str(torch.get_autocast_dtype(d)).replace("torch.", "")] for d in ("cpu", "cuda")
+            if torch.is_autocast_enabled(d)]
+
+
+def _describe_autocast(state: list) -> str:
+    return " and ".join(f"autocast({d}, {t})" for d, t in state) if state else "no autocast"
+
+
 class _PlannedStep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner: "StepRunner", *primals):
         step = runner.step
-        res = step.forward_module(*primals)
+        # the traced graph holds the casts autocast made when it was traced: it runs with autocast off (as
+        # AOTAutograd runs its own graphs), and PlannedModule refuses a call in another autocast state
+        with torch._C._DisableAutocast():
+            res = step.forward_module(*primals)
         n_out, n_buf = step.num_outputs, len(step.buffer_updates)
         outputs = res[:n_out]
         updates = res[n_out:n_out + n_buf]
@@ -74,7 +89,8 @@ class _PlannedStep(torch.autograd.Function):
                 g = t
             held.append(g)
             args.append(g)
-        grads = step.backward_module(args)
+        with torch._C._DisableAutocast():
+            grads = step.backward_module(args)
         del held
         return (None, *grads)
 
@@ -160,10 +176,59 @@ class PlannedModule(torch.nn.Module):
         self._params: _NamedTensors | None = None  # the traced parameters and buffers (set with the runner)
         self._buffers_of: _NamedTensors | None = None
         self.compile_seconds: float | None = None  # inductor's time for both halves (compile=True; first step)
+        self._param_state: list | None = None  # (requires_grad, dtype, device, tie) per traced parameter
 
     @property
     def plan(self):
         return self._plan
+
+    def _check_parameters(self, params: list) -> None:
+        """What the step assumes of the parameters, checked at every call: which require grad, their dtypes and
+        devices, which names share one tensor (the trace lists a tied parameter once). A change raises
+        PlanMismatchError: a step built for the old state would give a wrong or missing gradient."""
+        ids: dict[int, int] = {}
+        state = [(p.requires_grad, p.dtype, p.device, ids.setdefault(id(p), k)) for k, p in enumerate(params)]
+        if self._param_state is None:
+            self._param_state = state
+            return
+        if state == self._param_state:
+            return
+        k = next(i for i, (a, b) in enumerate(zip(state, self._param_state)) if a != b)
+        name = self._traced.param_names[k]
+        (rg, dt, dev, _tie), (rg0, dt0, dev0, _tie0) = state[k], self._param_state[k]
+        if rg != rg0:
+            what = f"requires_grad is {rg}, it was {rg0} when planned"
+        elif dt != dt0:
+            what = f"its dtype is {dt}, it was {dt0} when planned"
+        elif dev != dev0:
+            what = f"it is on {dev}, it was on {dev0} when planned"
+        else:
+            what = "it is tied to another parameter otherwise than when planned"
+        raise PlanMismatchError(f"parameter '{name}' changed after the plan was applied: {what}; plan again "
+                                "(planner.enable plans again by itself)")
+
+    # ---- copying and pickling: the step is rebuilt from the plan at the first call ----------------------------
+    def __deepcopy__(self, memo):
+        import copy
+
+        model = copy.deepcopy(self.module, memo)
+        new = PlannedModule(model, self._plan, None, compile=self.compiled)
+        memo[id(self)] = new
+        new.train(self.training)
+        if self._traced is not None:
+            new._traced = dataclasses.replace(self._traced, model=model)
+        return new
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_traced"] = None  # traced again on the first call's input (its graph checked against the plan's)
+        state["_halves"] = None
+        state["_runner"] = None
+        state["_params"] = None
+        state["_buffers_of"] = None
+        state["_param_state"] = None
+        state["_plan"] = dataclasses.replace(self._plan, traced=None, problem=None, halves=None)
+        return state
 
     def _prepare(self, inputs: tuple) -> None:
         if self._runner is None:
@@ -181,6 +246,11 @@ class PlannedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
             return self.module(*args, **kwargs)
+        want = self._plan.fingerprint.get("autocast")
+        if want is not None and autocast_state() != want:
+            raise PlanMismatchError(f"this plan was made under {_describe_autocast(want)} and is called under "
+                                    f"{_describe_autocast(autocast_state())}: the traced graph holds the first one's "
+                                    "casts; plan again in this precision (or call it as it was planned)")
         if self._traced is None:  # a loaded plan: trace on the first call's input (the plan checks the graph)
             self._traced = self._plan.trace_for(self.module, (args, kwargs) if kwargs else args)
         tr = self._traced
@@ -197,6 +267,7 @@ class PlannedModule(torch.nn.Module):
                     len(tr.param_names) + len(tr.buffer_names) + k]:
                 raise PlanMismatchError(f"input {k} requires grad, but the plan was traced with an input "
                                         "that did not: re-plan with such an input")
+        self._check_parameters(params)
         self._runner.buffers = dict(zip(tr.buffer_names, buffer_list))
         primals = params + buffer_list + list(inputs)
         leaves = _PlannedStep.apply(self._runner, *primals)
