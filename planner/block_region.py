@@ -192,10 +192,11 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> 
         forward_bytes = tracker.peak_bytes
         stash = max(0, tracker.live_bytes - out_bytes)
         if diff and wrt:
-            total = sum(_Seed.apply(t).sum() for t in diff)  # scalars: nothing the tracker counts
+            total = sum(_Seed.apply(t).sum() for t in diff)  # scalars made outside the tracker: not the block's
+            seed = torch.ones_like(total)
             tracker.peak_bytes = tracker.live_bytes
             with tracker:
-                grads = torch.autograd.grad(total, wrt, allow_unused=True)
+                grads = torch.autograd.grad(total, wrt, grad_outputs=seed, allow_unused=True)
                 del grads
             del total
         backward_bytes = max(0, tracker.peak_bytes - out_bytes)
