@@ -79,11 +79,17 @@ def peak_bytes_created_during(fn: Callable[..., Any], *args: Any, **kwargs: Any)
     return tracker.peak_bytes, result
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds for `t`: a DTensor's local shard (FSDP2's sharded parameters), else `t`."""
+    return getattr(t, "_local_tensor", t)
+
+
 def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (any pytree of tensors)."""
+    """Bytes of the distinct storages behind `tensors` (any pytree of tensors; a DTensor counts its local shard)."""
     seen: dict[StorageWeakRef, int] = {}
     for t in tree_leaves(tensors):
         if isinstance(t, torch.Tensor):
+            t = local_tensor(t)
             st = t.untyped_storage()
             seen[StorageWeakRef(st)] = int(st.nbytes())
     return sum(seen.values())

@@ -12,14 +12,19 @@ inputs, the autocast state, which parameters require grad):
 1. The first training call with a new key measures: every block runs checkpointed whole, and the memory the step
    holds is read at each block's start, after the last block and at the model's return (a storage tracker on CPU,
    the allocator's counters on CUDA). A block called with a key of its own not seen before is profiled there, once
-   per key (one block traced at a time; identical blocks share it).
+   per key (one block traced at a time; identical blocks share it). The probe stays on through the caller's own
+   backward of that call and reads it as it runs: what is held when each block's backward begins, the peak of the
+   loss's and head's backward before the blocks', and the peak after the first block's to the end (what the
+   caller's loop really keeps, its outputs or not). Without a backward, the model assumes the caller holds the
+   outputs through it.
 2. From the next call with that key on, one option per block is chosen by dynamic programming over the chain
-   (solvers.exact.option_chain) for the least recompute within the budget; the choice is cached. The backward's
-   memory at each block follows from what was measured: what is live at the block's forward, its output's gradient,
-   the model's outputs the caller holds, and the gradients of the parameters used after it.
+   (solvers.exact.option_chain) for the least recompute within the budget; the choice is cached. The memory at each
+   site is the measured one plus what the options change there (the stashes of earlier blocks, the block's own
+   forward and backward) and the parameters' gradients the call creates beyond those of the measuring call.
 
-A budget no choice meets raises InfeasibleBudgetError at that call, naming the least budget a choice meets. In eval
-mode or without gradients the model runs as it is.
+A budget no choice meets raises InfeasibleBudgetError, at the measuring call when its forward alone cannot fit,
+else at the next call, naming the least budget a choice meets. In eval mode or without gradients the model runs as
+it is.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from capture.measure_memory import StorageTracker, storage_bytes
+from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
 from graphs.errors import InfeasibleBudgetError
 from planner.block_region import BlockCall, BlockProfile, original_forward, profile_block
 from planner.plan_type import GB
@@ -46,21 +51,43 @@ _ATTR = "_remat_inplace"
 # ---------------------------------------------------------------------------------------------
 # reading the memory a step holds
 # ---------------------------------------------------------------------------------------------
+class _StepTracker(StorageTracker):
+    """A storage tracker that stops counting once frozen. On CPU it stays on the thread's mode stack from a measuring
+    call's forward until the model's next call (or `disable`): the autograd engine runs the caller's backward under
+    the modes of the caller's thread as they were when it began, and restores them after, so it cannot be taken off
+    from within the backward. torch.compile works around it (`ignore_compile_internals`)."""
+
+    frozen = False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # dynamo compiles as if the mode were off, and the compiled code runs under it
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.frozen:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 class _Probe:
-    """Live bytes created since `start()`, and their peak since the last `reset_peak()`."""
+    """Live bytes created since `start()`, and their peak since the last `reset_peak()`. On CPU a storage tracker
+    counts them: a measuring call leaves it on through the caller's backward (the autograd engine runs the backward
+    under the modes of the thread that calls it) and freezes it when the backward ends."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.device = device
         self.tracker: StorageTracker | None = None
         self.base = 0
+        self.open = False  # counting (from start() to freeze() or stop())
 
     def start(self) -> None:
+        self.open = True
         if self.cuda:
             self.base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self.tracker = StorageTracker()
+            self.tracker = _StepTracker()
             self.tracker.__enter__()
 
     def live(self) -> int:
@@ -83,9 +110,19 @@ class _Probe:
         """Bytes of a snapshot still alive (None on CUDA)."""
         return None if snapshot is None else self.tracker.bytes_still_alive(snapshot)
 
-    def stop(self) -> None:
+    def freeze(self) -> None:
+        self.open = False
         if self.tracker is not None:
-            self.tracker.__exit__(None, None, None)
+            self.tracker.frozen = True
+
+    def stop(self) -> None:
+        self.open = False
+        if self.tracker is not None:
+            self.tracker.frozen = True
+            try:
+                self.tracker.__exit__(None, None, None)
+            except Exception:  # not on top of this thread's mode stack any more: it stays frozen there
+                pass
             self.tracker = None
 
 
@@ -136,6 +173,15 @@ class _Measured:
     # of what was live at each block's start, the bytes still live at the model's return (what the backward finds;
     # the model's locals, such as the embeddings' outputs, are gone by then); the forward figure where unknown
     surviving: list[int] = field(default_factory=list)
+    # block i -> bytes live when its backward began (the incoming gradient and the parameters' new gradients not
+    # counted): what the caller's loop really holds through the blocks' backward (the outputs or not)
+    backward_start: dict = field(default_factory=dict)
+    # the gradients the call made included (pending or accumulated): the peak from the model's return to the last
+    # block's backward (the loss's and the head's backward), and after the first block's backward to the end
+    head_backward: int | None = None
+    tail_backward: int | None = None
+    grads_then: tuple | None = None  # InPlacePlan._new_grads of the measuring call
+    tail_started: bool = False  # the first block's backward has ended
 
 
 @dataclass
@@ -153,6 +199,7 @@ class _Step:
     inputs: list = field(default_factory=list)  # the model's tensor inputs
     offset: int = 0  # a measurement begun at the first block: the bytes the step held before it (estimated)
     offset_surviving: int = 0
+    grads_before: set = field(default_factory=set)  # ids of the parameters holding a gradient at the step's start
 
 
 @dataclass
@@ -188,6 +235,7 @@ class InPlacePlan:
         self.choices: dict[tuple, ChainChoice] = {}
         self.records: list[StepRecord] = []
         self._step: _Step | None = None
+        self._open_probe: _Probe | None = None
         self.plan_seconds = 0.0
 
     # ---- copying and pickling: the caches are rebuilt lazily -----------------------------------------------
@@ -208,7 +256,7 @@ class InPlacePlan:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step"):
+        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step", "_open_probe"):
             state.pop(k, None)
         return state
 
@@ -277,6 +325,7 @@ class InPlacePlan:
             blk.forward = _BlockForward(self, blk)
 
     def _uninstall(self) -> None:
+        self._stop_probes()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -306,10 +355,16 @@ class InPlacePlan:
         inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         return storage_bytes([*m.parameters(), *m.buffers(), *grads, *inputs])
 
-    def _pre_forward(self, module, args, kwargs):
+    def _stop_probes(self) -> None:
         if self._step is not None and self._step.probe is not None:
             self._step.probe.stop()
+        if self._open_probe is not None:  # a measuring call's, left on through its backward
+            self._open_probe.stop()
+            self._open_probe = None
         self._step = None
+
+    def _pre_forward(self, module, args, kwargs):
+        self._stop_probes()
         if not (torch.is_grad_enabled() and module.training):
             return None
         root_key = self._root_key(args, kwargs)
@@ -325,6 +380,7 @@ class InPlacePlan:
         device = step.inputs[0].device if step.inputs else next(self.model.parameters()).device
         step.probe = _Probe(device)
         step.measured = _Measured([], [], 0, 0, 0, 0)
+        step.grads_before = {id(p) for p in self.model.parameters() if p.grad is not None}
         step.probe.start()
 
     def _made_in_step_bytes(self, step: _Step, tensors) -> int:
@@ -346,7 +402,9 @@ class InPlacePlan:
             m.surviving = [f if snap is None else step.offset_surviving + step.probe.surviving(snap)
                            for f, snap in zip(m.forward_start, step.snapshots)]
             step.snapshots = []
-            step.probe.stop()
+            # the probe stays on through the caller's backward (see _watch_backward), until its end or the next call
+            step.probe.reset_peak()
+            self._open_probe = step.probe
             step.probe = None
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             m.output_bytes = storage_bytes(outs)
@@ -363,45 +421,112 @@ class InPlacePlan:
             seen.append(keys)
         self.records.append(StepRecord(step.mode, _option_names(self, step), _predicted(step), self.budget_bytes))
         if step.mode == "measure" and (step.root_key, keys) in self.measured and keys:
-            self._choose(step.root_key, keys, step.resident_bytes)  # fails now when nothing fits
+            self._check_forward_fits(step.root_key, keys, step.resident_bytes)
         self._step = None
         return None
 
+    def _watch_backward(self, step: _Step, i: int, node, block_input: torch.Tensor | None) -> None:
+        """Read the measuring call's backward as the caller runs it (into step.measured), bytes above the step's
+        start: when block i's backward begins, what is held beyond its incoming gradient; at the last block's, the
+        peak since the model returned (the loss's and the head's backward); after the first block's backward, the
+        peak to the end."""
+        measured, probe, offset = step.measured, step.probe, step.offset_surviving
+        grads_before = step.grads_before
+
+        def at_end() -> None:
+            if probe.open and measured.tail_started:
+                measured.tail_backward = offset + probe.peak()
+            probe.freeze()
+
+        def at_backward(grad_outputs):
+            if not probe.open or i in measured.backward_start:
+                return None
+            incoming = storage_bytes([g for g in grad_outputs if g is not None])
+            if i == len(measured.forward_start) - 1 and measured.head_backward is None:
+                measured.head_backward = offset + probe.peak()
+                measured.grads_then = self._new_grads(measured, lambda p: id(p) in grads_before)
+                torch.autograd.Variable._execution_engine.queue_callback(at_end)
+            measured.backward_start[i] = offset + max(0, probe.live() - incoming)
+            return None
+
+        def first_block_done(grad):
+            if probe.open:
+                measured.tail_started = True
+                probe.reset_peak()
+            return None
+
+        node.register_prehook(at_backward)
+        if i == 0 and block_input is not None:
+            block_input.register_hook(first_block_done)
+
     # ---- choosing -------------------------------------------------------------------------------------------
-    def _sites(self, measured: _Measured) -> ChainSites:
-        """The chain's memory sites from a measuring call and the gradients the backward will create now."""
+    def _new_grads(self, measured: _Measured, has_grad: Callable[[torch.nn.Parameter], bool]) -> tuple:
+        """(bytes of new gradients by block, of the parameters the part after the blocks uses, of the rest): what
+        the backward creates, `has_grad(p)` telling which parameters hold one already (local shards under FSDP2)."""
         seen: set = set()
 
         def new_grad_bytes(params) -> int:
             total = 0
             for p in params:
-                if p.requires_grad and p.grad is None and id(p) not in seen:
+                if p.requires_grad and not has_grad(p) and id(p) not in seen:
                     seen.add(id(p))
-                    total += p.numel() * p.element_size()
+                    local = local_tensor(p)  # FSDP2: the gradient kept is the shard's
+                    total += local.numel() * local.element_size()
             return total
 
         per_block = [new_grad_bytes(b.parameters()) for b in self.blocks]
+        head = new_grad_bytes([p for p in (r() for r in measured.used_after) if p is not None])
+        return per_block, head, new_grad_bytes(self.model.parameters())
+
+    def _sites(self, measured: _Measured) -> ChainSites:
+        """The chain's memory sites from a measuring call and the gradients the backward will create now."""
+        per_block, head, before = self._new_grads(measured, lambda p: p.grad is not None)
         # the gradients of the parameters the part after the blocks uses exist before the blocks' backward; those of
         # the part before them (embeddings) come after it
-        head = new_grad_bytes([p for p in (r() for r in measured.used_after) if p is not None])
-        before = new_grad_bytes(self.model.parameters())
         n = len(measured.forward_start)
-        later = [sum(per_block[i + 1:]) for i in range(n)] if n == len(per_block) else [sum(per_block)] * n
+
+        def later_of(blocks: list[int]) -> list[int]:
+            return [sum(blocks[i + 1:]) for i in range(n)] if n == len(blocks) else [sum(blocks)] * n
+
+        later = later_of(per_block)
         # the block's incoming gradient is part of its own backward_bytes (block_region.measure_option)
-        alive = measured.surviving if len(measured.surviving) == n else measured.forward_start
-        backward_start = tuple(alive[i] + measured.output_bytes + later[i] + head for i in range(n))
-        first = alive[0] if n else 0
-        after = max(measured.after_peak,
-                    measured.model_end + 2 * measured.output_grad_bytes + head,
-                    first + measured.output_bytes + sum(per_block) + head + before)
-        return ChainSites(tuple(measured.forward_start), backward_start, after)
+        read = len(measured.backward_start) == n and measured.head_backward is not None \
+            and measured.tail_backward is not None and measured.grads_then is not None
+        if read:
+            # the measuring call's backward as the caller ran it: its readings hold the gradients it made (pending
+            # or accumulated); a call making more new ones than it did adds the difference
+            per_then, head_then, before_then = measured.grads_then
+            later_then = later_of(per_then)
+            backward_start = tuple(measured.backward_start[i] + max(0, later[i] + head - later_then[i] - head_then)
+                                   for i in range(n))
+            backward = max(measured.head_backward + max(0, head - head_then),
+                           measured.tail_backward + max(0, sum(per_block) + head + before - sum(per_then)
+                                                        - head_then - before_then))
+        else:  # no backward seen: what was live at the block's start and survived, and all the outputs
+            alive = measured.surviving if len(measured.surviving) == n else measured.forward_start
+            held = [alive[i] + measured.output_bytes for i in range(n)]
+            backward_start = tuple(held[i] + later[i] + head for i in range(n))
+            backward = max(measured.model_end + 2 * measured.output_grad_bytes + head,
+                           held[0] + sum(per_block) + head + before if n else 0)
+        return ChainSites(tuple(measured.forward_start), backward_start, max(measured.after_peak, backward))
+
+    def _check_forward_fits(self, root_key: tuple, keys: tuple, resident_bytes: int) -> None:
+        """At a measuring call's return: raise InfeasibleBudgetError now when the forward alone exceeds the budget
+        under every choice (the backward, read as it runs, decides the rest at the next call)."""
+        measured = self.measured[(root_key, keys)]
+        options = [self.profiles[k].figures for k in keys]
+        forward_least = resident_bytes + max(
+            [measured.after_peak] + [f + min(o.forward_bytes for o in opts)
+                                     for f, opts in zip(measured.forward_start, options)])
+        if forward_least > self.budget_bytes:
+            self._choose(root_key, keys, resident_bytes)  # raises, naming the least budget a choice meets
 
     def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int) -> ChainChoice:
-        ck = (root_key, keys, resident_bytes)
+        measured = self.measured[(root_key, keys)]
+        ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None)
         hit = self.choices.get(ck)
         if hit is not None:
             return hit
-        measured = self.measured[(root_key, keys)]
         options = [self.profiles[k].figures for k in keys]
         sites = self._sites(measured)
         try:
@@ -464,6 +589,9 @@ class InPlacePlan:
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             step.measured.output_grad.append(storage_bytes(outs))
             step.block_outputs += [t.grad_fn for t in outs if t.grad_fn is not None]
+            if outs and outs[0].grad_fn is not None:
+                first_in = next((t for t in tensors if t.requires_grad and t.grad_fn is not None), None)
+                self._watch_backward(step, i, outs[0].grad_fn, first_in)
             step.probe.reset_peak()
         return out
 

@@ -146,3 +146,23 @@ def test_a_block_that_cannot_be_traced_falls_back_to_whole_block_options():
         assert "could not be traced" in state.summary()
         assert {o.figures.name for o in prof.options} == {"kept", "checkpointed"}
     assert state.records[-1].mode == "planned"
+
+
+def test_torch_compile_works_after_a_measuring_call_and_disable_leaves_no_mode_behind():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    model, batch = build("llama", "test")
+    before = len(_get_current_dispatch_mode_stack())
+    planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    model(**batch).loss.backward()  # the first call of a key: read through this backward (a tracker on CPU)
+    compiled = []
+
+    def backend(gm, _example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: t * 2 + 1, backend=backend)(torch.ones(3))
+    assert compiled and torch.equal(out, torch.full((3,), 3.0))  # dynamo compiled it, not skipped it
+    planner.disable(model)
+    assert len(_get_current_dispatch_mode_stack()) == before
