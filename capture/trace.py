@@ -33,6 +33,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
 from capture import costs as _costs
+from capture import meta_overrides
 from capture.call import CallSpec
 from capture.contract import OpRecord
 from capture.contract import contract as _contract
@@ -328,10 +329,20 @@ class _NeedsValues(Exception):
 def _is_data_dependent(e: BaseException) -> bool:
     seen = 0
     while e is not None and seen < 20:
-        if "DataDependent" in type(e).__name__ or "data-dependent" in str(e) or "data dependent" in str(e):
+        if type(e).__name__ in ("DynamicOutputShapeException",) or "DataDependent" in type(e).__name__ \
+                or "data-dependent" in str(e) or "data dependent" in str(e):
             return True
         e = e.__cause__ or e.__context__
         seen += 1
+    return False
+
+
+def _has_unbacked_shapes(gm: torch.fx.GraphModule) -> bool:
+    """Whether a value of the graph has a size known only when it runs (nonzero, masked_select)."""
+    for n in gm.graph.nodes:
+        for v in tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):
+                return True
     return False
 
 
@@ -398,7 +409,7 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
     real = [*params.values(), *buffers.values(), *inputs]
     with torch._functorch.config.patch(
         enable_autograd_cache=False, fake_tensor_propagate_real_tensors=real_values
-    ), _quiet_symbolic_shapes():
+    ), _quiet_symbolic_shapes(), meta_overrides.overrides():
         mode = FakeTensorMode(shape_env=ShapeEnv() if real_values else None)
         fake = [mode.from_tensor(t, static_shapes=True) for t in real]
         try:
@@ -546,6 +557,10 @@ def _build_records(gm, flat_args, cost_model, device, real_run):
                 continue
             owner[key] = i
             new_bytes += int(st.nbytes())
+        if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+            # a size read at run time (sym_size of a nonzero's output): part of the tensor it measures, so that the
+            # ops reading both (an expand to that size) cannot separate them
+            shares.update(index[a] for a in _tensor_inputs(n) if a in index)
         is_secondary = False
         if n.target is operator.getitem and n.args[0] in index and isinstance(env[n.args[0]], (tuple, list)):
             # A getitem of a multi-output op: the op's first output stays with the op (same group);
@@ -679,8 +694,10 @@ def trace(
     flat_args = [p.detach() for p in primals] + tangents
     fixed_bytes = storage_bytes(flat_args)
     # the joint graph holds the casts autocast made while it was captured: it runs with autocast off
-    with torch.random.fork_rng(devices=devices), torch._C._DisableAutocast():
-        records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name, real_run)
+    with torch.random.fork_rng(devices=devices), torch._C._DisableAutocast(), meta_overrides.overrides():
+        # a graph with data-dependent output shapes (nonzero: captured on real values) runs for real
+        records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name,
+                                                     real_run or _has_unbacked_shapes(gm))
         if cost_model == "time":
             times = _costs.time_nodes(gm, flat_args, warmup=1, repeats=time_repeats)
             for r in records:

@@ -111,3 +111,76 @@ def test_wrappers_are_refused_naming_the_order_that_works():
     torch.nn.Module.__init__(sharded)
     with pytest.raises(ValueError, match="enable"):
         planner.plan(sharded, batch, 1.0)
+
+
+def test_data_dependent_shapes_are_traced_on_real_values_and_train_as_eager():
+    """DeBERTa-v2's classification loss picks the labelled rows with nonzero(): the capture runs on real values, the
+    op's output size is read when the step runs, and a batch with other labelled rows trains as eager too."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    from planner.measure import measure_peak_bytes
+
+    torch.manual_seed(0)
+    cfg = DebertaV2Config(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
+                          attention_probs_dropout_prob=0.1)
+    model = DebertaV2ForSequenceClassification(cfg)
+    ids = torch.randint(0, 128, (4, 16))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([0, 1, 1, 0])}
+    other = {**batch, "labels": torch.tensor([0, -1, 1, -1])}  # two rows unlabelled: nonzero() returns 2, not 4
+    eager = copy.deepcopy(model)
+    ample = planner.plan(model, batch, 1.0, cost_model="flops", time_limit_s=10)
+    budget = int(0.7 * ample.predicted_peak_bytes)
+    low = planner.plan(model, batch, budget / 1e9, cost_model="flops", traced=ample.traced, time_limit_s=10)
+    assert low.result.sim.total_cost > ample.result.sim.total_cost  # it recomputes
+    for p in (ample, low):
+        step = p.apply(model)
+        for b in (batch, other):
+            torch.manual_seed(1)
+            lp = step(**b).loss
+            lp.backward()
+            torch.manual_seed(1)
+            le = eager(**b).loss
+            le.backward()
+            assert torch.equal(lp, le)
+            assert all(torch.equal(x.grad, y.grad) for x, y in zip(model.parameters(), eager.parameters()))
+            model.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+    assert measure_peak_bytes(low.apply(model), batch) <= budget
+
+
+def test_mixture_of_experts_with_the_default_experts_code_plans_and_trains_as_eager():
+    """Mixtral's experts run torch's grouped matmul, whose meta kernel asks for bf16 although the CPU kernel
+    multiplies float32: the capture applies the shape rule alone (capture/meta_overrides.py). A batch routed otherwise
+    trains as eager too."""
+    transformers = pytest.importorskip("transformers")
+    from planner.measure import measure_peak_bytes
+
+    cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                     num_key_value_heads=2, vocab_size=128, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).train()
+    eager = copy.deepcopy(model)
+    batches = []
+    for seed in (1, 7):
+        ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(seed))
+        batches.append({"input_ids": ids, "labels": ids, "use_cache": False})
+    ample = planner.plan(model, batches[0], 1.0, cost_model="flops", time_limit_s=20)
+    assert ample.traced.graph is not None and any("experts" in m for m in ample.modules.values())
+    budget = int(0.85 * ample.predicted_peak_bytes)  # below the peak of keeping everything
+    low = planner.plan(model, batches[0], budget / 1e9, cost_model="flops", traced=ample.traced, time_limit_s=20)
+    for p in (ample, low):
+        step = p.apply(model)
+        for b in batches:
+            torch.manual_seed(1)
+            lp = step(**b).loss
+            lp.backward()
+            torch.manual_seed(1)
+            le = eager(**b).loss
+            le.backward()
+            assert torch.equal(lp, le)
+            assert all(torch.equal(x.grad, y.grad) for x, y in zip(model.parameters(), eager.parameters()))
+            model.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+    assert measure_peak_bytes(low.apply(model), batches[0]) <= budget
