@@ -69,10 +69,51 @@ class _StepTracker(StorageTracker):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+def _modes() -> list:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return _get_current_dispatch_mode_stack()
+
+
+def _insert_below(mode) -> bool:
+    """Put `mode` at the bottom of this thread's dispatch mode stack, under the caller's modes, so that theirs still
+    leave in the order they entered (a mode's exit pops the top one). False, and nothing done, where an infrastructure
+    mode (fake tensors, tracing) is active."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    stack = _modes()
+    if any(m.is_infra_mode() for m in stack):
+        return False
+    above = [_pop_mode() for _ in stack]  # top first
+    _push_mode(mode)
+    for m in reversed(above):
+        _push_mode(m)
+    return True
+
+
+def _take_out(mode) -> None:
+    """Remove `mode` from this thread's dispatch mode stack wherever it is, the others kept in their order."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    stack = _modes()
+    if not any(m is mode for m in stack) or any(m.is_infra_mode() for m in stack):
+        return
+    above = []
+    while True:
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_mode(m)
+
+
 class _Probe:
     """Live bytes created since `start()`, and their peak since the last `reset_peak()`. On CPU a storage tracker
     counts them: a measuring call leaves it on through the caller's backward (the autograd engine runs the backward
-    under the modes of the thread that calls it) and freezes it when the backward ends."""
+    under the modes of the thread that calls it) and freezes it when the backward ends. It sits at the bottom of the
+    mode stack (pushed and removed without a mode's enter and exit), so modes the caller enters and leaves meanwhile
+    nest as they would without it."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -88,7 +129,8 @@ class _Probe:
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self.tracker = _StepTracker()
-            self.tracker.__enter__()
+            if not _insert_below(self.tracker):  # under fake tensors or a tracer: entered as modes are
+                self.tracker.__enter__()
 
     def live(self) -> int:
         return torch.cuda.memory_allocated(self.device) - self.base if self.cuda else self.tracker.live_bytes
@@ -119,10 +161,11 @@ class _Probe:
         self.open = False
         if self.tracker is not None:
             self.tracker.frozen = True
-            try:
-                self.tracker.__exit__(None, None, None)
-            except Exception:  # not on top of this thread's mode stack any more: it stays frozen there
-                pass
+            stack = _modes()
+            if stack and stack[-1] is self.tracker and stack[-1].__dict__.get("old_dispatch_mode_flags"):
+                self.tracker.__exit__(None, None, None)  # entered as modes are, and still on top
+            else:
+                _take_out(self.tracker)
             self.tracker = None
 
 
@@ -182,6 +225,7 @@ class _Measured:
     tail_backward: int | None = None
     grads_then: tuple | None = None  # InPlacePlan._new_grads of the measuring call
     tail_started: bool = False  # the first block's backward has ended
+    first_input_grad: bool = True  # the first block has an input that requires grad (else nothing follows its backward)
 
 
 @dataclass
@@ -436,6 +480,9 @@ class InPlacePlan:
         def at_end() -> None:
             if probe.open and measured.tail_started:
                 measured.tail_backward = offset + probe.peak()
+            elif probe.open and not measured.first_input_grad:
+                # no gradient flows out of the first block: the backward ends with its backward, holding what lives now
+                measured.tail_backward = offset + probe.live()
             probe.freeze()
 
         def at_backward(grad_outputs):
@@ -458,6 +505,8 @@ class InPlacePlan:
         node.register_prehook(at_backward)
         if i == 0 and block_input is not None:
             block_input.register_hook(first_block_done)
+        elif i == 0:
+            measured.first_input_grad = False
 
     # ---- choosing -------------------------------------------------------------------------------------------
     def _new_grads(self, measured: _Measured, has_grad: Callable[[torch.nn.Parameter], bool]) -> tuple:
@@ -495,13 +544,22 @@ class InPlacePlan:
         if read:
             # the measuring call's backward as the caller ran it: its readings hold the gradients it made (pending
             # or accumulated); a call making more new ones than it did adds the difference
+            # (fewer where gradients the measuring call made exist now, which the call's resident bytes count; one
+            # computed gradient at a time is held while it is added to the existing one)
             per_then, head_then, before_then = measured.grads_then
             later_then = later_of(per_then)
-            backward_start = tuple(measured.backward_start[i] + max(0, later[i] + head - later_then[i] - head_then)
+            existing = [local_tensor(p.grad) for p in self.model.parameters() if p.grad is not None]
+            adding = max((g.numel() * g.element_size() for g in existing), default=0)
+
+            def more(now: int, then: int) -> int:
+                return min(max(0, now - then), now - then + adding)
+
+            backward_start = tuple(measured.backward_start[i] + more(later[i] + head, later_then[i] + head_then)
                                    for i in range(n))
-            backward = max(measured.head_backward + max(0, head - head_then),
-                           measured.tail_backward + max(0, sum(per_block) + head + before - sum(per_then)
-                                                        - head_then - before_then))
+            # the tail (after every block's backward) holds no block's stash: a site of its own
+            end = measured.tail_backward + more(sum(per_block) + head + before, sum(per_then) + head_then + before_then)
+            return ChainSites(tuple(measured.forward_start), backward_start,
+                              max(measured.after_peak, measured.head_backward + more(head, head_then)), end)
         else:  # no backward seen: what was live at the block's start and survived, and all the outputs
             alive = measured.surviving if len(measured.surviving) == n else measured.forward_start
             held = [alive[i] + measured.output_bytes for i in range(n)]

@@ -11,8 +11,8 @@ counts, all relative to what is live when the block starts (its input included):
 The memory around the blocks comes from the site figures (`ChainSites`), measured on the model: what is live when
 each block's forward starts and when its backward starts if every block stashed nothing, and the peak of the part
 after the last block. Block i's forward then peaks at forward_start[i] + (stash of blocks < i) + forward_bytes, its
-backward at backward_start[i] + (stash of blocks < i) + backward_bytes, and the part after the blocks at
-after_bytes + (stash of every block).
+backward at backward_start[i] + (stash of blocks < i) + backward_bytes, the part after the blocks at
+after_bytes + (stash of every block), and what runs after every block's backward at end_bytes.
 
 `choose_options` minimises the summed cost by dynamic programming over the chain; its state is the stash so far,
 rounded up to a grid of `resolution` steps of the budget (a choice it returns is within the budget by the exact
@@ -41,6 +41,7 @@ class ChainSites:
     forward_start_bytes: tuple[int, ...]  # per block
     backward_start_bytes: tuple[int, ...]  # per block
     after_bytes: int  # the peak of what runs after the last block's forward and before its backward
+    end_bytes: int = 0  # the peak after every block's backward (no stash left): the same for every choice
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def chain_peak_bytes(options: list[list[BlockOption]], sites: ChainSites, choice
         peak = max(peak, sites.forward_start_bytes[i] + stash + o.forward_bytes,
                    sites.backward_start_bytes[i] + stash + o.backward_bytes)
         stash += o.stash_bytes
-    return max(peak, sites.after_bytes + stash)
+    return max(peak, sites.after_bytes + stash, sites.end_bytes)
 
 
 def least_peak(options: list[list[BlockOption]], sites: ChainSites) -> tuple[tuple[int, ...], int]:
@@ -83,7 +84,7 @@ def least_peak(options: list[list[BlockOption]], sites: ChainSites) -> tuple[tup
                 best = nxt[s][0]
         states = kept
     s, (p, ch) = min(states.items(), key=lambda kv: max(kv[1][0], sites.after_bytes + kv[0]))
-    return ch, max(p, sites.after_bytes + s)
+    return ch, max(p, sites.after_bytes + s, sites.end_bytes)
 
 
 def choose_options(options: list[list[BlockOption]], sites: ChainSites, budget_bytes: int, *,
@@ -121,7 +122,8 @@ def choose_options(options: list[list[BlockOption]], sites: ChainSites, budget_b
         states = kept
         if not states:
             break
-    finals = [(cost, ch) for cost, stash, ch in states.values() if sites.after_bytes + stash <= budget_bytes]
+    finals = [(cost, ch) for cost, stash, ch in states.values()
+              if max(sites.after_bytes + stash, sites.end_bytes) <= budget_bytes]
     if not finals or len(finals[0][1]) != n:
         ch, least = least_peak(options, sites)
         if least <= budget_bytes:  # the grid's rounding lost every state near the budget: the least-peak choice fits
