@@ -184,3 +184,24 @@ def test_mixture_of_experts_with_the_default_experts_code_plans_and_trains_as_ea
             model.zero_grad(set_to_none=True)
             eager.zero_grad(set_to_none=True)
     assert measure_peak_bytes(low.apply(model), batches[0]) <= budget
+
+
+def test_in_place_planning_follows_the_callers_autocast_state():
+    """enable(): a call under bf16 autocast and one outside it are two keys, each measured and planned for its own
+    precision, and each trains as eager does in that precision (Llama: no dropout)."""
+    model, batch = build("llama", "test")
+    eager = copy.deepcopy(model)
+    state = planner.enable(model, 1.0, time_limit_s=5)
+    for amp in (True, False, True, False):
+        for m in (model, eager):
+            torch.manual_seed(0)
+            with torch.autocast(**AMP, enabled=amp):
+                loss = m(**batch).loss
+            loss.backward()
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters())), amp
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    keys = {rk for rk, _ in state.measured}
+    assert len(keys) == 2  # one per autocast state
+    assert [r.mode for r in state.records] == ["measure", "measure", "planned", "planned"]
+    planner.disable(model)
