@@ -328,7 +328,7 @@ class InPlacePlan:
         if last is not None:
             peak = "" if last.predicted_peak_bytes is None else \
                 f", predicted peak {last.predicted_peak_bytes / GB:.6f} GB"
-            lines.append(f"  last step ({last.mode}){peak}: " + _runs(last.options))
+            lines.append(f"  last step ({last.mode}){peak}: " + grouped_names(last.options))
         return "\n".join(lines)
 
     def explain(self) -> str:
@@ -597,7 +597,7 @@ class InPlacePlan:
                 f"least budget a choice meets at this call is {least / GB:.6f} GB") from None
         self.choices[ck] = choice
         names = [options[i][k].name for i, k in enumerate(choice.choice)]
-        self._say(f"chose for {len(keys)} blocks: {_runs(names)}; predicted peak "
+        self._say(f"chose for {len(keys)} blocks: {grouped_names(names)}; predicted peak "
                   f"{(resident_bytes + choice.peak_bytes) / GB:.6f} GB of {self.budget_bytes / GB:.6f} GB")
         return choice
 
@@ -688,7 +688,7 @@ def _predicted(step: _Step) -> int | None:
     return None if step.choice is None else step.resident_bytes + step.choice.peak_bytes
 
 
-def _runs(names: list[str]) -> str:
+def grouped_names(names: list[str]) -> str:
     """'planned@0.7 x 6, checkpointed x 2' (consecutive equal names grouped)."""
     out: list[list] = []
     for n in names:

@@ -39,6 +39,7 @@ from examples.hf_zoo import build  # noqa: E402
 from graphs.errors import InfeasibleBudgetError  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner.checkpointing import per_block_checkpointed  # noqa: E402
+from planner.inplace import grouped_names  # noqa: E402
 from planner.measure import interleaved_step_seconds, measure_peak_bytes, run_step  # noqa: E402
 
 
@@ -156,16 +157,6 @@ def bench_decoder(name: str, args) -> dict:
     return row
 
 
-def _runs(names: list[str]) -> str:
-    out: list[list] = []
-    for n in names:
-        if out and out[-1][0] == n:
-            out[-1][1] += 1
-        else:
-            out.append([n, 1])
-    return ", ".join(f"{n} x {c}" if c > 1 else n for n, c in out)
-
-
 def table(result: dict) -> str:
     out = []
     if result.get("shapes"):
@@ -187,7 +178,7 @@ def table(result: dict) -> str:
             over = "" if r["enabled_within_budget"] else " (over budget)"
             out.append(f"| {r['model']} | {r['per_block_peak_bytes'] / 1e6:.2f}, {r['per_block_step_s']:.3f} | {at} | "
                        f"{r['enabled_peak_bytes'] / 1e6:.2f}{over}, {r['enabled_step_s']:.3f} | "
-                       f"**{r['enabled_over_per_block']:.3f}** | {_runs(r['options'])} | "
+                       f"**{r['enabled_over_per_block']:.3f}** | {grouped_names(r['options'])} | "
                        f"{yes[g['enabled == per-block checkpointing']]}, {yes[g['enabled == eager']]} | "
                        f"{r['warmups'][0]['wall_s']:.1f}, {r['plan_seconds']:.1f} |")
     return "\n".join(out)

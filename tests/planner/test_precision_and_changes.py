@@ -113,6 +113,23 @@ def test_wrappers_are_refused_naming_the_order_that_works():
         planner.plan(sharded, batch, 1.0)
 
 
+def _steps_equal_eager(plans, model, eager, batches) -> None:
+    """Each plan's step on each batch gives eager's loss and gradients bitwise (dropout drawn under one seed)."""
+    for p in plans:
+        step = p.apply(model)
+        for b in batches:
+            torch.manual_seed(1)
+            lp = step(**b).loss
+            lp.backward()
+            torch.manual_seed(1)
+            le = eager(**b).loss
+            le.backward()
+            assert torch.equal(lp, le)
+            assert all(torch.equal(x.grad, y.grad) for x, y in zip(model.parameters(), eager.parameters()))
+            model.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+
+
 def test_data_dependent_shapes_are_traced_on_real_values_and_train_as_eager():
     """DeBERTa-v2's classification loss picks the labelled rows with nonzero(): the capture runs on real values, the
     op's output size is read when the step runs, and a batch with other labelled rows trains as eager too."""
@@ -133,19 +150,7 @@ def test_data_dependent_shapes_are_traced_on_real_values_and_train_as_eager():
     budget = int(0.7 * ample.predicted_peak_bytes)
     low = planner.plan(model, batch, budget / 1e9, cost_model="flops", traced=ample.traced, time_limit_s=10)
     assert low.result.sim.total_cost > ample.result.sim.total_cost  # it recomputes
-    for p in (ample, low):
-        step = p.apply(model)
-        for b in (batch, other):
-            torch.manual_seed(1)
-            lp = step(**b).loss
-            lp.backward()
-            torch.manual_seed(1)
-            le = eager(**b).loss
-            le.backward()
-            assert torch.equal(lp, le)
-            assert all(torch.equal(x.grad, y.grad) for x, y in zip(model.parameters(), eager.parameters()))
-            model.zero_grad(set_to_none=True)
-            eager.zero_grad(set_to_none=True)
+    _steps_equal_eager((ample, low), model, eager, (batch, other))
     assert measure_peak_bytes(low.apply(model), batch) <= budget
 
 
@@ -170,19 +175,7 @@ def test_mixture_of_experts_with_the_default_experts_code_plans_and_trains_as_ea
     assert ample.traced.graph is not None and any("experts" in m for m in ample.modules.values())
     budget = int(0.85 * ample.predicted_peak_bytes)  # below the peak of keeping everything
     low = planner.plan(model, batches[0], budget / 1e9, cost_model="flops", traced=ample.traced, time_limit_s=20)
-    for p in (ample, low):
-        step = p.apply(model)
-        for b in batches:
-            torch.manual_seed(1)
-            lp = step(**b).loss
-            lp.backward()
-            torch.manual_seed(1)
-            le = eager(**b).loss
-            le.backward()
-            assert torch.equal(lp, le)
-            assert all(torch.equal(x.grad, y.grad) for x, y in zip(model.parameters(), eager.parameters()))
-            model.zero_grad(set_to_none=True)
-            eager.zero_grad(set_to_none=True)
+    _steps_equal_eager((ample, low), model, eager, batches)
     assert measure_peak_bytes(low.apply(model), batches[0]) <= budget
 
 
