@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-import pulp
+from solvers.pulp_import import pulp
 
 
 @contextlib.contextmanager

@@ -35,12 +35,11 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-import pulp
-
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
 from solvers.base import bisect_smallest, check_budget_floor
 from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
+from solvers.pulp_import import pulp
 
 
 @dataclass(frozen=True)

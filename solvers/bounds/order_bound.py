@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pulp
 
 from graphs.ir import Graph
 from graphs.schedule import OpKind, Schedule
 from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
+from solvers.pulp_import import pulp
 
 FAMILY = ("program-order schedules: every node computed for the first time in the program's order (ascending ids), "
           "recomputations and frees anywhere (the Checkmate MILP's family, and every solver's here)")

@@ -31,9 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import pulp
-
 from graphs.ir import Graph
+from solvers.pulp_import import pulp
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pulp
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
@@ -52,6 +51,7 @@ from solvers.exact.stage_model import (
     stages_from_sequence,
 )
 from solvers.highs import HighsWithStart
+from solvers.pulp_import import pulp
 
 BACKENDS = ("highs", "cbc")
 FAMILY = "frontier-advancing stages (first computations in the reference order, each node at most once per stage)"

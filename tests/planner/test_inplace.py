@@ -242,3 +242,27 @@ def test_accumulating_steps_hold_no_more_than_predicted_and_a_callers_mode_is_le
         assert state.records[-1].mode == "planned"
         assert resident + tracker.peak_bytes <= state.records[-1].predicted_peak_bytes
     planner.disable(model)
+
+
+def test_nothing_of_a_call_outlives_it():
+    """Profiling a block (traced, planned, measured) keeps nothing of the call that profiled it: after the measuring
+    call and a planned one, each with its backward, the storage of the first block's input is freed."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model, batch = build("gpt2", "test")
+    inputs: list[StorageWeakRef] = []
+
+    def keep_ref(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        inputs.append(StorageWeakRef(hidden.untyped_storage()))
+
+    model.transformer.h[0].register_forward_pre_hook(keep_ref, with_kwargs=True)
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    for _ in range(2):
+        model(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert state.profiles and len(inputs) == 2
+    assert [ref.expired() for ref in inputs] == [True, True]
