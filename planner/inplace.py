@@ -28,6 +28,7 @@ it is.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import time
@@ -632,6 +633,9 @@ class InPlacePlan:
             t0 = time.perf_counter()
             prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
                                                    cost_model=self.cost_model, compile=self.compile, say=self._say))
+            # tracing and planning leave reference cycles (fx graphs) that hold views of this call's tensors (the
+            # sample they traced with): collected now, not at some later point of this step's backward
+            gc.collect()
             self.plan_seconds += time.perf_counter() - t0
             self.profiles[call.key] = prof
         if step.mode == "planned" and i == 0:

@@ -266,3 +266,22 @@ def test_nothing_of_a_call_outlives_it():
     gc.collect()
     assert state.profiles and len(inputs) == 2
     assert [ref.expired() for ref in inputs] == [True, True]
+
+
+def test_the_measuring_call_holds_what_per_block_checkpointing_holds():
+    """The first call (profiling its block, every block checkpointed) peaks where per-block checkpointing does:
+    what profiling made of the call's tensors is gone before the call's backward. A GPT-2 whose peak is the end of
+    the backward (the embedding's gradient outweighs the logits: a large vocabulary, a short sequence), where a view
+    of the first block's input kept by profiling would add its bytes."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=4000, n_positions=32,
+                                     use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 4000, (1, 16))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    reference = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), batch)
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    assert measure_peak_bytes(model, batch) == reference
+    assert state.records[-1].mode == "measure" and set(state.records[-1].options) == {"checkpointed"}
