@@ -41,3 +41,21 @@ def assert_same_state(got, want) -> None:
     for k in w_bufs:
         assert torch.equal(g_bufs[k], w_bufs[k]), f"buffer {k} differs"
     assert torch.equal(g_loss, w_loss)
+
+
+def tiny_mixtral(seeds=(1,)):
+    """A mixture-of-experts decoder nobody here wrote: Mixtral from a tiny config (2 layers of width 32, 4 experts,
+    2 per token; random weights under seed 0), in train mode, and one batch of 2 rows of 24 tokens per seed in
+    `seeds` (labels the input ids, no cache)."""
+    import transformers
+
+    cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                     num_key_value_heads=2, vocab_size=128, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(cfg).train()
+    batches = []
+    for seed in seeds:
+        ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(seed))
+        batches.append({"input_ids": ids, "labels": ids, "use_cache": False})
+    return model, batches

@@ -14,6 +14,7 @@ from planner.measure import measure_peak_bytes
 
 pytest.importorskip("transformers")
 from examples.hf_zoo import build  # noqa: E402
+from tests.planner.helpers import tiny_mixtral  # noqa: E402
 
 LIMIT_S = 2.0  # per new block shape: the options found may differ with the machine's speed, the checks do not
 
@@ -124,15 +125,8 @@ def test_blocks_by_name_or_class_and_refusals():
 def test_a_mixture_of_experts_decoder_trains_as_eager():
     """Mixtral with the library's default experts code (torch's grouped matmul, traced through the capture's own
     shape rule): trains as eager does at per-block checkpointing's peak."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                                     num_key_value_heads=2, vocab_size=128, num_local_experts=4,
-                                     num_experts_per_tok=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(cfg).train()
+    model, (batch,) = tiny_mixtral()
     eager = copy.deepcopy(model)
-    ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(1))
-    batch = {"input_ids": ids, "labels": ids, "use_cache": False}
     torch.manual_seed(0)
     budget = measure_peak_bytes(per_block_checkpointed(model), batch)
     state = planner.enable(model, budget / 1e9, time_limit_s=LIMIT_S)

@@ -14,6 +14,7 @@ from graphs.errors import PlanMismatchError
 
 pytest.importorskip("transformers")
 from examples.hf_zoo import build  # noqa: E402
+from tests.planner.helpers import tiny_mixtral  # noqa: E402
 
 AMP = {"device_type": "cpu", "dtype": torch.bfloat16}
 
@@ -158,19 +159,10 @@ def test_mixture_of_experts_with_the_default_experts_code_plans_and_trains_as_ea
     """Mixtral's experts run torch's grouped matmul, whose meta kernel asks for bf16 although the CPU kernel
     multiplies float32: the capture applies the shape rule alone (capture/meta_overrides.py). A batch routed otherwise
     trains as eager too."""
-    transformers = pytest.importorskip("transformers")
     from planner.measure import measure_peak_bytes
 
-    cfg = transformers.MixtralConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                                     num_key_value_heads=2, vocab_size=128, num_local_experts=4,
-                                     num_experts_per_tok=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(cfg).train()
+    model, batches = tiny_mixtral(seeds=(1, 7))
     eager = copy.deepcopy(model)
-    batches = []
-    for seed in (1, 7):
-        ids = torch.randint(1, 128, (2, 24), generator=torch.Generator().manual_seed(seed))
-        batches.append({"input_ids": ids, "labels": ids, "use_cache": False})
     ample = planner.plan(model, batches[0], 1.0, cost_model="flops", time_limit_s=20)
     assert ample.traced.graph is not None and any("experts" in m for m in ample.modules.values())
     budget = int(0.85 * ample.predicted_peak_bytes)  # below the peak of keeping everything
