@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from capture.random_draws import draws_random
+from capture.state import restored
 
 SCALAR_TYPES = (bool, int, float, complex)
 
@@ -122,20 +123,14 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
     """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value) and
     a Guard that recomputes them, or None when a read's slice cannot be replayed safely. `inputs` are the user
     input tensors; `call` (a capture.call.CallSpec) says how they are passed (None: positionally)."""
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    devices = sorted({t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None})
+    devices = {t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None}
     log = _OpLogger(inputs, state)
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), log:
-            if call is None:
-                model(*inputs)
-            else:
-                call.call(model, inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
+    with restored(model, devices), torch.no_grad(), log:
+        if call is None:
+            model(*inputs)
+        else:
+            call.call(model, inputs)
     reads = tuple((name, value) for _, name, value in log.reads)
     return reads, _slice(log)
 

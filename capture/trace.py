@@ -25,6 +25,7 @@ import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 import torch
@@ -37,6 +38,7 @@ from capture import meta_overrides
 from capture.call import CallSpec
 from capture.contract import OpRecord
 from capture.contract import contract as _contract
+from capture.fx_nodes import nodes_by_name
 from capture.guards import Guard, record_reads_and_guard
 from capture.measure_memory import storage_bytes
 from capture.random_draws import node_draws_random
@@ -228,6 +230,11 @@ class TraceResult:
     guard: Guard | None = field(default=None, repr=False)
     call_spec: CallSpec | None = None  # how the model is called (None: positional inputs only)
     own_loss_leaf: int | None = None
+
+    @cached_property
+    def fx_nodes(self) -> dict[str, torch.fx.Node]:
+        """fx node name -> node of `joint_module`."""
+        return nodes_by_name(self.joint_module)
 
     @property
     def total_flops(self) -> int:

@@ -37,7 +37,7 @@ def simulate(graph: Graph, schedule: Schedule, co_outputs=None) -> SimResult:
     op's other outputs, each a node of its own). Computing the node then also holds all of them for the length
     of the op: those the schedule does not compute next are dropped at once, those it does are the same storage
     (counted again at their own compute, when the peak at the op already covered them). This is exact for the
-    executor; solvers instead count them in the node's size (see planner.solver_graph), which over-counts.
+    executor; solvers instead count them in the node's size (see planner.core.solver_graph), which over-counts.
 
     Invalid: an unknown node id; computing v while an input is not resident; computing a value
     that is already resident; recomputing a non-recomputable node; freeing a value that is not

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from planner.measure import run_step
+from planner.tools.measure import run_step
 
 
 def _zero_grad(module: torch.nn.Module) -> None:

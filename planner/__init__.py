@@ -1,4 +1,12 @@
-"""Public API of the activation-checkpoint planner: `plan(model, sample_input, budget_gb) -> Plan`.
+"""Public API of the activation-checkpoint planner: `plan(model, sample_input, budget_gb) -> Plan` (whole model) and
+`enable(model, budget_gb)` (in place, per repeated block).
+
+The package is cut by concern, each layer importing only those below it:
+
+- `planner.tools`: fit, the curve, measurement, the baselines people write by hand, the command line;
+- `planner.whole` (plan(), the Plan type and its JSON, checkpointing candidates) and `planner.inplace` (enable());
+- `planner.core`: the planning problem of a trace, its solver graph and the one solving core both use;
+- `planner.execution`: a schedule as fx code (step builder, runtime, RNG replay, inductor).
 
 The names are imported on first use, so that `python -m planner solve` (benchmark graphs, no model) starts
 without importing torch.
@@ -8,13 +16,14 @@ from __future__ import annotations
 import importlib
 
 _NAMES = {
-    "GB": "planner.plan_type", "Plan": "planner.plan_type", "plan": "planner.api", "smallest_budget": "planner.api",
-    "SmallestBudget": "planner.problem", "PlannedModule": "planner.runtime",
+    "GB": "planner.whole.plan_type", "Plan": "planner.whole.plan_type", "plan": "planner.whole.api",
+    "smallest_budget": "planner.whole.api", "SmallestBudget": "planner.core.problem",
+    "PlannedModule": "planner.execution.runtime",
     "PlanMismatchError": "graphs.errors", "ExecutorError": "graphs.errors",
     "InfeasibleBudgetError": "graphs.errors", "NoSolutionInTimeError": "graphs.errors",
-    "max_batch": "planner.fit", "overhead_curve": "planner.curve",
-    "enable": "planner.inplace", "disable": "planner.inplace", "inplace_plan": "planner.inplace",
-    "InPlacePlan": "planner.inplace",
+    "max_batch": "planner.tools.fit", "overhead_curve": "planner.tools.curve",
+    "enable": "planner.inplace.controller", "disable": "planner.inplace.controller",
+    "inplace_plan": "planner.inplace.controller", "InPlaceController": "planner.inplace.controller",
 }
 __all__ = list(_NAMES)
 

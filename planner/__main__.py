@@ -1,3 +1,3 @@
-from planner.cli import main
+from planner.tools.cli import main
 
 raise SystemExit(main())

@@ -29,8 +29,8 @@ from examples.hf_zoo import build  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.checkpointing import per_block_checkpointed  # noqa: E402
-from planner.measure import allocator_peak_bytes, interleaved_step_seconds, measure_peak_bytes, run_step  # noqa: E402
+from planner.tools.baselines import per_block_checkpointed  # noqa: E402
+from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, measure_peak_bytes, run_step  # noqa: E402
 
 
 def same_grads(got, want) -> bool:

@@ -34,7 +34,7 @@ from examples import hf_zoo  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from harness.eager_compare import relative_difference, step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import allocator_peak_bytes, interleaved_step_seconds, run_step  # noqa: E402
+from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, run_step  # noqa: E402
 
 
 def first_step_seconds(module, batch) -> float:

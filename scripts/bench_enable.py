@@ -38,9 +38,9 @@ import planner  # noqa: E402
 from examples.hf_zoo import build  # noqa: E402
 from graphs.errors import InfeasibleBudgetError  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
-from planner.checkpointing import per_block_checkpointed  # noqa: E402
-from planner.inplace import grouped_names  # noqa: E402
-from planner.measure import interleaved_step_seconds, measure_peak_bytes, run_step  # noqa: E402
+from planner.inplace.controller import grouped_names  # noqa: E402
+from planner.tools.baselines import per_block_checkpointed  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds, measure_peak_bytes, run_step  # noqa: E402
 
 
 def say(msg: str) -> None:

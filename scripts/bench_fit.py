@@ -4,7 +4,7 @@
 
 For each model the budget is eager's measured peak at batch 2 (storage-tracking dispatch mode, CPU). The planner's
 answer n is planned and its step measured the same way; per-block checkpointing
-(`planner.checkpointing.per_block_checkpointed`: torch.utils.checkpoint around each module of the model's largest
+(`planner.whole.candidates.per_block_checkpointed`: torch.utils.checkpoint around each module of the model's largest
 ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ import torch  # noqa: E402
 
 from examples import hf_zoo  # noqa: E402
 from examples.gpt import make_gpt_demo  # noqa: E402
-from planner.api import GB, LossNotPlannedWarning  # noqa: E402
-from planner.checkpointing import largest_checkpointed_size  # noqa: E402
-from planner.fit import max_batch  # noqa: E402
-from planner.measure import measure_peak_bytes  # noqa: E402
+from planner.tools.baselines import largest_checkpointed_size  # noqa: E402
+from planner.tools.fit import max_batch  # noqa: E402
+from planner.tools.measure import measure_peak_bytes  # noqa: E402
+from planner.whole.api import GB, LossNotPlannedWarning  # noqa: E402
 from tests.models import make_cnn, make_gpt  # noqa: E402
 
 MODELS = {

@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from capture.module_tags import trace_model  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.solver_graph import solver_graph
-from planner.tracing import trace_model  # noqa: E402
+from planner.core.solver_graph import solver_graph
 from tests.models import make_gpt  # noqa: E402
 
 

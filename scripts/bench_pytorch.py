@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
 from tests.models import MAKERS, make_gpt_untied  # noqa: E402
 
 # gpt_untied: dropout and an untied head, so that PyTorch's partitioner (which refuses tied weights) runs on it

@@ -10,7 +10,7 @@ For each model, on one torch thread:
    it: its measured peak P1;
 3. the planner (cost model "time") with no budget to speak of (1000 GB: nothing is recomputed), at P0 where its
    no-recomputation peak is above P0, and at P1.
-Peaks come from the storage-tracking dispatch mode (planner.measure); step times are medians of interleaved
+Peaks come from the storage-tracking dispatch mode (planner.tools.measure); step times are medians of interleaved
 repeats (forward with loss, backward), relative to eager; gradients and buffers are compared bitwise with eager
 under one seed. Prints a markdown table (one row per model and budget).
 """
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from examples.hf_zoo import KIND, NAMES, build  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
 from scripts.demo import same  # noqa: E402
 
 

@@ -66,10 +66,10 @@ def summarise(name: str, graph, frac: float, seconds: float, total_cost: float, 
 def part_models(names: list[str], size: str, fracs: list[float], time_limit: float) -> list[dict]:
     import torch
 
+    from capture.module_tags import trace_model
     from examples.hf_zoo import build
     from planner import GB, plan
-    from planner.solver_graph import solver_graph
-    from planner.tracing import trace_model
+    from planner.core.solver_graph import solver_graph
 
     torch.set_num_threads(1)
     rows = []

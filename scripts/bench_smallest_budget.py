@@ -6,7 +6,7 @@ its measured peak and its gradients against eager.
 
 Each model (examples/hf_zoo.py, random weights, labels given) is traced once with measured op times on one torch
 thread. Budgets are printed in bytes and as a share of the no-recomputation peak; the peak is measured with the
-storage-tracking dispatch mode (planner.measure); gradients and buffers are compared bitwise with eager's under one
+storage-tracking dispatch mode (tools.measure); gradients and buffers are compared bitwise with eager's under one
 seed.
 """
 from __future__ import annotations
@@ -22,15 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from capture.module_tags import trace_model  # noqa: E402
 from examples.hf_zoo import NAMES, build  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.api import smallest_budget
-from planner.measure import measure_peak_bytes  # noqa: E402
-from planner.problem import _search_smallest  # noqa: E402
-from planner.solver_graph import solver_graph
-from planner.tracing import trace_model  # noqa: E402
+from planner.core.problem import _search_smallest  # noqa: E402
+from planner.core.solver_graph import solver_graph
+from planner.tools.measure import measure_peak_bytes  # noqa: E402
+from planner.whole.api import smallest_budget
 from scripts.bench_real_models import same_state  # noqa: E402
 
 

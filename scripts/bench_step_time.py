@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from examples.gpt import make_gpt_demo  # noqa: E402
 from planner import plan  # noqa: E402
-from planner.measure import interleaved_step_seconds  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds  # noqa: E402
 from scripts.bench_pytorch import BENCH_MAKERS, CONFIGS  # noqa: E402
 
 

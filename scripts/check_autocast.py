@@ -21,8 +21,8 @@ import torch  # noqa: E402
 
 import planner  # noqa: E402
 from examples.hf_zoo import build  # noqa: E402
-from planner.checkpointing import per_block_checkpointed  # noqa: E402
-from planner.measure import measure_peak_bytes  # noqa: E402
+from planner.tools.baselines import per_block_checkpointed  # noqa: E402
+from planner.tools.measure import measure_peak_bytes  # noqa: E402
 
 AMP = {"device_type": "cpu", "dtype": torch.bfloat16}
 

@@ -13,7 +13,7 @@ torch.profiler's allocation events: the planner profiles a block on a thread of 
 profiler does not see; the process's resident peak sees everything (the Python objects of the trace included).
 glibc is told to map every block of 128 KiB or more on its own and return it when freed, so the resident peak
 follows the bytes in use rather than the heap's history. Eager's step peak (for the budget) is measured in a third
-process by planner.measure.
+process by planner.tools.measure.
 
     .venv/bin/python scripts/check_planning_memory.py [--layers 8 --width 256 --seq 512 --batch 4]
 """
@@ -54,7 +54,7 @@ def _scenario(args) -> dict:
     import transformers  # noqa: F401 (imported before the baseline)
 
     import planner
-    from planner.measure import measure_peak_bytes
+    from planner.tools.measure import measure_peak_bytes
 
     before_imports = _status("VmRSS")
     # the planner's tracing code, imported in both scenarios before the baseline: a fixed cost of the library (its
@@ -63,8 +63,8 @@ def _scenario(args) -> dict:
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
     import capture.trace  # noqa: F401
-    import planner.api  # noqa: F401
-    import planner.inplace  # noqa: F401
+    import planner.inplace.controller  # noqa: F401
+    import planner.whole.api  # noqa: F401
     from solvers.base import get_solver, solver_names
 
     for name in solver_names():  # the solvers and their libraries (OR-tools, HiGHS, PuLP)

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from capture.module_tags import trace_model  # noqa: E402
 from examples.hf_zoo import build  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.problem import PlanningProblem  # noqa: E402
-from planner.tracing import trace_model  # noqa: E402
+from planner.core.problem import PlanningProblem  # noqa: E402
 
 
 def main() -> None:

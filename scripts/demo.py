@@ -25,7 +25,7 @@ from graphs.errors import InfeasibleBudgetError  # noqa: E402
 from graphs.simulate import reference_peak_bytes  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
 
 MB = 1e6
 

@@ -23,8 +23,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from examples.hf_zoo import build  # noqa: E402
 from planner import plan  # noqa: E402
-from planner.checkpointing import per_block_checkpointed  # noqa: E402
-from planner.measure import interleaved_step_seconds, run_step  # noqa: E402
+from planner.tools.baselines import per_block_checkpointed  # noqa: E402
+from planner.tools.measure import interleaved_step_seconds, run_step  # noqa: E402
 
 
 def op_self_ms(module, batch) -> tuple[dict[str, float], dict[str, int]]:

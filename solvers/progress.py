@@ -1,7 +1,7 @@
 """What a long search tells its caller as it goes: the step running, the best cost so far and the bound.
 
 A solver that reports takes `progress=`, a callable given a `SearchState` whenever a step starts or ends (auto
-reports; the single solvers do not). The caller decides what to show and how often (planner.progress prints
+reports; the single solvers do not). The caller decides what to show and how often (planner.core.progress prints
 a line at least every few seconds, whatever the solver's steps take).
 """
 from __future__ import annotations

@@ -19,8 +19,8 @@ from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import step_state
 from planner import GB, plan
-from planner.api import smallest_budget
-from planner.measure import measure_peak_bytes
+from planner.tools.measure import measure_peak_bytes
+from planner.whole.api import smallest_budget
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, make
 
 FRACTIONS = (1.0, 0.7, 0.5, "smallest")

@@ -12,8 +12,8 @@ from graphs.schedule_json import load_result
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import step_state
 from planner import GB, Plan, PlanMismatchError, plan
-from planner.api import budget_bytes_from_gb
-from planner.solver_graph import solver_graph
+from planner.core.solver_graph import solver_graph
+from planner.whole.api import budget_bytes_from_gb
 from tests.models import make_gpt, make_mlp
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 
@@ -153,7 +153,7 @@ def test_solver_graph_adjustments(gpt):
 
 
 def test_a_plan_without_a_loss_says_what_it_leaves_out():
-    from planner.api import LossNotPlannedWarning
+    from planner.whole.api import LossNotPlannedWarning
     from tests.models import make_mlp
 
     model, x = make_mlp()
@@ -201,7 +201,7 @@ def test_a_budget_the_no_recomputation_schedule_meets_gets_it():
     keep-everything schedule (no schedule costs less), not a recomputation; one byte less does not."""
     from fractions import Fraction
 
-    from planner.problem import PlanningProblem
+    from planner.core.problem import PlanningProblem
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -223,7 +223,7 @@ def test_a_budget_the_no_recomputation_schedule_meets_gets_it():
 def test_below_the_bound_with_no_budget_found_in_time_names_none(gpt, monkeypatch):
     """The single-operation bound proves the budget infeasible, but is no budget known to work: where the search for
     one finds none in its time, the error names none."""
-    from planner.problem import PlanningProblem, SmallestBudget
+    from planner.core.problem import PlanningProblem, SmallestBudget
 
     model, x, first, _, _ = gpt
     floor = first.graph.single_op_bound_bytes()

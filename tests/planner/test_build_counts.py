@@ -7,17 +7,17 @@ import copy
 
 import pytest
 
-import planner.api as api_module
-import planner.plan_type as plan_module
-import planner.problem as problem_module
-import planner.runtime as runtime_module
+import planner.core.problem as problem_module
+import planner.execution.runtime as runtime_module
+import planner.whole.api as api_module
+import planner.whole.plan_type as plan_module
 from graphs.errors import InfeasibleBudgetError
 from harness.eager_compare import step_state
 from planner import GB, Plan, plan
 from tests.models import make_gpt
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 
-pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::planner.whole.api.LossNotPlannedWarning")
 
 @pytest.fixture
 def counts(monkeypatch):

@@ -8,18 +8,20 @@ import time
 
 import pytest
 
+from capture.module_tags import repeated_blocks
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.schedule import Schedule
 from graphs.simulate import simulate
 from harness.eager_compare import step_state
 from planner import GB, plan
-from planner.checkpointing import checkpoint_candidates, per_block_checkpointed, repeated_blocks
-from planner.measure import measure_peak_bytes
+from planner.tools.baselines import per_block_checkpointed
+from planner.tools.measure import measure_peak_bytes
+from planner.whole.candidates import checkpoint_candidates
 from solvers.heuristics.block_checkpoint import block_checkpoint_sequence
 from tests.models import make_gpt
 from tests.planner.helpers import assert_same_state
 
-pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::planner.whole.api.LossNotPlannedWarning")
 
 
 def test_the_blocks_are_the_repeated_layers():

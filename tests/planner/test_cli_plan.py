@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from planner.cli import parse_budget
+from planner.tools.cli import parse_budget
 from tests.conftest import ROOT
 
 

@@ -9,8 +9,8 @@ import torch
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import relative_difference, step_state
 from planner import GB, plan
-from planner.measure import allocator_peak_bytes, measure_peak_bytes
-from planner.plan_type import Plan
+from planner.tools.measure import allocator_peak_bytes, measure_peak_bytes
+from planner.whole.plan_type import Plan
 from tests.models import make_gpt
 from tests.planner.helpers import TIME_LIMIT_S
 
@@ -84,7 +84,7 @@ def test_allocator_peak_counts_what_the_step_allocates():
 def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypatch):
     """A BatchNorm net's eager backward ops read values inductor's decomposed backward does not: the compiled
     forward stops returning them, which lowers the measured peak and leaves the gradients as they were."""
-    import planner.inductor as compiled
+    import planner.execution.inductor as compiled
     from tests.models import make_cnn
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
@@ -113,7 +113,7 @@ def test_stashed_values_the_compiled_backward_never_reads_are_not_kept(monkeypat
 def test_a_compiled_step_updates_batchnorm_buffers_inside_its_forward(monkeypatch):
     """BatchNorm's running statistics are written by the compiled forward itself (no new tensors handed back for the
     step to copy in): after two steps every buffer, num_batches_tracked included, and every gradient equal eager's."""
-    import planner.inductor as compiled
+    import planner.execution.inductor as compiled
     from tests.models import make_cnn
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
@@ -142,7 +142,7 @@ def test_pointwise_stash_values_are_rebuilt_in_the_compiled_backward(monkeypatch
     """A BatchNorm+ReLU output the eager backward reads stashed is rebuilt by the compiled backward from the
     BatchNorm's input, statistics and parameters (all stashed or resident anyway): the forward stops returning it,
     the measured peak is no higher, and the gradients are those of the step that stashes it."""
-    import planner.inductor as compiled
+    import planner.execution.inductor as compiled
     from tests.models import make_cnn
     model, x = make_cnn(batch=4, ch=8, size=16, blocks=2)
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from planner import GB, plan
-from planner.curve import overhead_curve
+from planner.tools.curve import overhead_curve
 from tests.models import make_gpt
 
-pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::planner.whole.api.LossNotPlannedWarning")
 
 
 def test_curve_points_are_the_plans_at_those_budgets(tmp_path):

@@ -9,7 +9,7 @@ import torch
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import step_state
 from planner import GB, ExecutorError, plan
-from planner.step_builder import build_step
+from planner.execution.step_builder import build_step
 from tests.models import make_cnn, make_gpt
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 

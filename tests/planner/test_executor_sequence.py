@@ -1,6 +1,6 @@
 """executor_sequence (a recomputed secondary output as the executor holds it) and the CPU dropout backward."""
 from graphs.ir import Graph, Node
-from planner.solver_graph import executor_sequence
+from planner.core.solver_graph import executor_sequence
 
 
 def _graph():
@@ -24,7 +24,7 @@ def test_a_secondary_output_is_held_from_the_ops_recomputation_on():
 def test_the_cpu_dropout_backward_is_aten_bit_for_bit():
     import torch
 
-    from planner.step_builder import dropout_backward_cpu
+    from planner.execution.step_builder import dropout_backward_cpu
 
     torch.manual_seed(0)
     for magnitude in (1e-30, 1.0, 3.2e38):  # the last overflows when scaled

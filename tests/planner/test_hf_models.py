@@ -65,7 +65,7 @@ def test_a_call_of_another_form_is_refused():
 def test_no_loss_warning_when_the_model_computes_its_loss():
     import warnings
 
-    from planner.api import LossNotPlannedWarning
+    from planner.whole.api import LossNotPlannedWarning
 
     model, batch = _gpt2()
     with warnings.catch_warnings():

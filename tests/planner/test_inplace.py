@@ -9,8 +9,8 @@ import torch
 
 import planner
 from graphs.errors import InfeasibleBudgetError
-from planner.checkpointing import per_block_checkpointed
-from planner.measure import measure_peak_bytes
+from planner.tools.baselines import per_block_checkpointed
+from planner.tools.measure import measure_peak_bytes
 
 pytest.importorskip("transformers")
 from examples.hf_zoo import build  # noqa: E402

@@ -15,7 +15,7 @@ import torch
 
 import planner
 from capture.measure_memory import StorageTracker, storage_bytes
-from planner.measure import measure_peak_bytes
+from planner.tools.measure import measure_peak_bytes
 from tests.planner.distributed_support import (
     block_modules,
     checkpoint_blocks_in_place,
@@ -72,7 +72,7 @@ def _records(state) -> list:
 
 
 def per_block_peak_gb(arch: str, dropout: float, layers: int = 2) -> float:
-    """Per-block checkpointing's measured step peak (planner.measure, one process, the model's own loss), the
+    """Per-block checkpointing's measured step peak (planner.tools.measure, one process, the model's own loss), the
     largest over the ranks' first batches, in GB."""
     model = checkpoint_blocks_in_place(tiny_decoder(arch, dropout=dropout, layers=layers))
     peak = 0
@@ -222,7 +222,7 @@ def test_gradients_arrive_block_by_block(variant):
 # memory under DDP
 # ---------------------------------------------------------------------------------------------
 def ddp_memory_rank(rank: int, world_size: int, arch: str, dropout: float, budget_gb: float) -> dict:
-    """planner.measure's step peak of the DDP-wrapped model (measured inside the rank: the storage tracker sees the
+    """tools.measure's step peak of the DDP-wrapped model (measured inside the rank: the storage tracker sees the
     step's tensors, gloo's own buffers are outside it), per-block checkpointed and planned."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 

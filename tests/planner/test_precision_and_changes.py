@@ -136,7 +136,7 @@ def test_data_dependent_shapes_are_traced_on_real_values_and_train_as_eager():
     op's output size is read when the step runs, and a batch with other labelled rows trains as eager too."""
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
 
-    from planner.measure import measure_peak_bytes
+    from planner.tools.measure import measure_peak_bytes
 
     torch.manual_seed(0)
     cfg = DebertaV2Config(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -159,7 +159,7 @@ def test_mixture_of_experts_with_the_default_experts_code_plans_and_trains_as_ea
     """Mixtral's experts run torch's grouped matmul, whose meta kernel asks for bf16 although the CPU kernel
     multiplies float32: the capture applies the shape rule alone (capture/meta_overrides.py). A batch routed otherwise
     trains as eager too."""
-    from planner.measure import measure_peak_bytes
+    from planner.tools.measure import measure_peak_bytes
 
     model, batches = tiny_mixtral(seeds=(1, 7))
     eager = copy.deepcopy(model)

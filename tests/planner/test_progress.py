@@ -8,11 +8,11 @@ import time
 import pytest
 
 from planner import GB, plan
-from planner.progress import Reporter
+from planner.core.progress import Reporter
 from solvers.progress import SearchState
 from tests.models import make_gpt
 
-pytestmark = pytest.mark.filterwarnings("ignore::planner.api.LossNotPlannedWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::planner.whole.api.LossNotPlannedWarning")
 
 
 def test_plan_reports_from_start_to_the_overhead():

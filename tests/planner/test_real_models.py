@@ -17,8 +17,8 @@ import pytest
 from graphs.errors import InfeasibleBudgetError, ScheduleFormatError
 from harness.eager_compare import step_state
 from planner import GB, Plan, PlanMismatchError, plan
-from planner.measure import measure_peak_bytes
-from planner.solver_graph import solver_graph
+from planner.core.solver_graph import solver_graph
+from planner.tools.measure import measure_peak_bytes
 from solvers.base import solve
 from tests.planner.helpers import assert_same_state
 
@@ -92,7 +92,7 @@ def test_a_forward_ops_secondary_output_indexed_again_needs_no_second_solve(tmp_
     # schedule runs as planned: no fallback to the graph where they cannot be recomputed (which cost 7.00 %
     # against 5.00 % here), and the measured peak is the prediction, within the budget.
     from graphs.simulate import reference_peak_bytes
-    from planner.solver_graph import secondary_outputs
+    from planner.core.solver_graph import secondary_outputs
 
     model, batch = build("llama", "test", True)
     ref = copy.deepcopy(model)

@@ -96,7 +96,7 @@ def load_factory(spec: str):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from planner.api import GB, plan
+    from planner.whole.api import GB, plan
 
     model, sample = load_factory(args.factory)
     p = plan(model, sample, args.budget / GB, solver=args.solver, cost_model=args.cost_model,
@@ -122,8 +122,8 @@ def load_size_factory(spec: str):
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from planner.api import GB
-    from planner.fit import max_batch
+    from planner.tools.fit import max_batch
+    from planner.whole.api import GB
 
     make = load_size_factory(args.factory)
     t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
-    from planner.curve import overhead_curve
+    from planner.tools.curve import overhead_curve
 
     model, sample = load_factory(args.factory)
     t0 = time.perf_counter()
@@ -156,7 +156,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from planner.plan_type import Plan
+    from planner.whole.plan_type import Plan
 
     p = Plan.load(args.plan)
     print(p.explain())

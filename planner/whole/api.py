@@ -1,10 +1,10 @@
 """The public API: `plan(model, sample_input, budget_gb)` -> `Plan`, and the smallest budget a plan can meet.
 
 Units: budgets are given in gigabytes at this edge only, 1 GB = 10^9 bytes; everything inside is bytes.
-plan() reads top to bottom: trace the model (planner.tracing) -> the planning problem of that trace
-(planner.problem: the solver graph, the executor's exact view) -> solve -> finalise (the schedule as the
-executor runs it) -> build the step's halves once (planner.step_builder) -> a Plan (planner.plan_type), whose
-`apply(model)` returns the drop-in module (planner.runtime).
+plan() reads top to bottom: trace the model (capture.module_tags) -> the planning problem of that trace
+(planner.core.problem: the solver graph, the executor's exact view) -> solve -> finalise (the schedule as the
+executor runs it) -> build the step's halves once (execution.step_builder) -> a Plan (whole.plan_type), whose
+`apply(model)` returns the drop-in module (planner.execution.runtime).
 """
 from __future__ import annotations
 
@@ -17,15 +17,16 @@ from typing import Callable
 import torch
 
 from capture.call import CallSpec
+from capture.loss_workspace import loss_workspace_bytes
+from capture.module_tags import node_modules, trace_model
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
-from planner.checkpointing import checkpoint_candidates
-from planner.plan_type import GB, Plan, fingerprint
-from planner.problem import GraphKind, PlanningProblem, SmallestBudget
-from planner.progress import Reporter
-from planner.solver_graph import split_position, traced_sequence
-from planner.step_builder import build_step
-from planner.tracing import loss_workspace_bytes, node_modules, trace_model
+from planner.core.problem import GraphKind, PlanningProblem, SmallestBudget
+from planner.core.progress import Reporter
+from planner.core.solver_graph import split_position, traced_sequence
+from planner.execution.step_builder import build_step
+from planner.whole.candidates import checkpoint_candidates
+from planner.whole.plan_type import GB, Plan, fingerprint
 from solvers.base import FLOOR_REASON, solve
 
 COST_MODELS = ("auto", "flops", "time", "roofline")

@@ -17,10 +17,10 @@ the generator state is saved before its first computation and replayed around ev
 (then restored), so the recomputed mask is bitwise the first one and the global RNG stream is
 untouched.
 
-With `for_inductor=True` the modules are built for inductor (`planner.inductor`): a random op is a
-`planner.random_ops` custom op instead (a draw that returns the generator state it started from, chained in
+With `for_inductor=True` the modules are built for inductor (`planner.execution.inductor`): a random op is a
+`planner.execution.random_ops` custom op instead (a draw that returns the generator state it started from, chained in
 eager's order, and a redraw from that state), since inductor would replace it with its own generator.
-The runtime (`planner.runtime`) runs the halves as one autograd function.
+The runtime (`planner.execution.runtime`) runs the halves as one autograd function.
 """
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
+from capture.fx_nodes import free_view_root
 from capture.random_draws import node_draws_random
 from graphs.errors import ExecutorError
-from planner import random_ops
-from planner.rng import get_rng_state, set_rng_state
+from planner.execution import random_ops
+from planner.execution.rng import get_rng_state, set_rng_state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,18 +94,6 @@ class StepHalves:
     num_primals: int
 
 
-def draws_random(traced, gid: int) -> bool:
-    """True if graph node `gid` of a trace contains an op that draws random numbers."""
-    by_name = _by_name(traced.joint_module)
-    return any(node_draws_random(by_name[name]) for name in traced.node_map[gid])
-
-
-def _by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
-    cache = getattr(gm, "_planner_by_name", None)
-    if cache is None:
-        cache = {n.name: n for n in gm.graph.nodes}
-        gm._planner_by_name = cache
-    return cache
 
 
 def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
@@ -116,11 +105,11 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
     loss runs before it. Raises ExecutorError if the sequence cannot run as a training step (see the
     module docstring).
 
-    `for_inductor`: modules for inductor (`planner.inductor`): every random fx node becomes a
-    `planner.random_ops` custom op (draw in the forward, redraw from the saved state in a recomputation), and
+    `for_inductor`: modules for inductor (`planner.execution.inductor`): every random fx node becomes a
+    `planner.execution.random_ops` custom op (draw in the forward, redraw from the saved state in a recomputation), and
     no Python-level kernels are substituted."""
     gm = traced.joint_module
-    by_name = _by_name(gm)
+    by_name = traced.fx_nodes
     phs = _placeholders(gm.graph)
     n_primals = traced.num_primals
     primal_phs, tangent_phs = phs[:n_primals], phs[n_primals:]
@@ -298,15 +287,6 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
         num_primals=n_primals,
     )
 
-
-def free_view_root(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The placeholder that `node` is a chain of view ops of (e.g. `t(view(tangents_1))`), else None.
-    Such values cost nothing and hold no memory of their own, so they can be made wherever needed."""
-    while node.op == "call_function":
-        if not getattr(node.target, "is_view", False) or len(node.all_input_nodes) != 1:
-            return None
-        node = node.all_input_nodes[0]
-    return node if node.op == "placeholder" else None
 
 
 def dropout_backward_cpu(grad: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from capture.call import CallSpec
+from capture.module_tags import trace_model
 from graphs.errors import PlanMismatchError, ScheduleFormatError
 from graphs.ir import Graph
 from graphs.result import SolveResult
 from graphs.schedule import Schedule, Status
 from graphs.schedule_json import load_result, result_to_dict
-from planner.problem import GraphKind, PlanningProblem
-from planner.runtime import PlannedModule, autocast_state
-from planner.solver_graph import split_position, traced_sequence
-from planner.step_builder import StepHalves, build_step
-from planner.tracing import trace_model
+from planner.core.problem import GraphKind, PlanningProblem
+from planner.core.solver_graph import split_position, traced_sequence
+from planner.execution.runtime import PlannedModule, autocast_state
+from planner.execution.step_builder import StepHalves, build_step
 
 GB = 10**9
 EXTRA_KEY = "planner"
@@ -61,7 +61,7 @@ class Plan:
     """A solved schedule for one model and input shape, ready to apply.
 
     graph: the view of the planning problem the schedule was solved on (`graph_kind`: the solver graph, the one
-        with secondary outputs pinned, or the executor's exact view; see planner.problem).
+        with secondary outputs pinned, or the executor's exact view; see planner.core.problem).
     predicted_peak_bytes: the peak the executor reaches, in bytes: parameters, buffers, inputs, the incoming
         gradient of the output, activations and parameter gradients.
     overhead: predicted recompute cost / cost without recomputation (0.1 = 10 % more compute), in the
@@ -79,7 +79,7 @@ class Plan:
     traced_nodes: int  # nodes of the trace: solver labels from this on are the tangents and the loss's workspace
     graph_kind: GraphKind = GraphKind.SOLVER
     executor_computes: list[int] | None = None
-    loss_bytes: int = 0  # the loss function's temporaries (planner.tracing.loss_workspace_bytes)
+    loss_bytes: int = 0  # the loss function's temporaries (capture.module_tags.loss_workspace_bytes)
     modules: dict[int, str] = field(default_factory=dict)
     trace_seconds: float = 0.0
     reference_peak_bytes: int = 0  # the solver graph's peak without recomputation
@@ -254,13 +254,13 @@ class Plan:
         return traced
 
     def apply(self, model: torch.nn.Module, sample_input=None, *, compile: bool = False) -> PlannedModule:
-        """A drop-in training module for `model` that runs this plan (see planner.runtime.PlannedModule).
+        """A drop-in training module for `model` that runs this plan (see planner.execution.runtime.PlannedModule).
 
         The model must have the parameters, buffers and mode the plan was made for (PlanMismatchError
         otherwise). A plan loaded from JSON re-traces the model to rebuild its joint graph: on
         `sample_input` now if given, else on the first call's input; the traced graph must equal the
         stored one. Inputs of another shape or dtype are refused with PlanMismatchError. With `compile`, the step's
-        halves are compiled by inductor at the first call (planner.inductor).
+        halves are compiled by inductor at the first call (planner.execution.inductor).
         """
         self.check_model(model)
         traced = None

@@ -1,7 +1,7 @@
 """The inductor path: a planned step's forward and backward halves compiled by inductor.
 
 `compile_halves(step)` takes the two fx modules that `build_step(..., for_inductor=True)` builds for a
-schedule (the recomputations already in the backward module, every random op a `planner.random_ops` custom op) and
+schedule (the recomputations already in the backward module, every random op a `random_ops` custom op) and
 compiles each with inductor: first a retrace with inductor's decompositions (on fake tensors, so nothing runs and
 nothing is allocated), then `compile_fx_inner`, the compiler torch.compile runs after its own partitioner. The
 plan's saved set and recomputations are the schedule's: the partitioner of torch.compile never runs. The result
@@ -12,7 +12,7 @@ Why compile the halves, rather than hand a partition function to torch.compile: 
 partitions is traced with inductor's decompositions and has other nodes than the planner's graph, so a plan made
 for eager would not name its nodes; compiling the planner's own halves keeps one plan (and one JSON file) for both
 paths, and the order of the schedule is the order of the graphs inductor receives. Inductor then fuses and may
-reorder within each half; `planner.measure` measures what the compiled step holds.
+reorder within each half; `planner.tools.measure` measures what the compiled step holds.
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from graphs.errors import ExecutorError
-from planner.fused_recompute import rebuild_pointwise_stash
-from planner.random_ops import state_like
-from planner.step_builder import StepHalves
+from planner.execution.fused_recompute import rebuild_pointwise_stash
+from planner.execution.random_ops import state_like
+from planner.execution.step_builder import StepHalves
 
 # What inductor may change for the planned halves (measured on transformers models at bench size, scripts/
 # bench_compile.py and docs/compile.md):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import operator
 
+from capture.fx_nodes import free_view_root, strided_bytes
 from graphs.ir import Graph
-from planner.step_builder import free_view_root
 
 # A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
 LOSS_RESERVE_BYTES = 1024
@@ -33,7 +33,7 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
       inputs, costs nothing, cannot be recomputed, and reads as the label `traced.graph.n`.
     - A forward multi-output op's node also counts the bytes of its secondary outputs (their own nodes
       keep theirs): each computation allocates them all, and this keeps every recomputation within the
-      peak at the price of counting them twice while both nodes are resident (`planner.problem` derives the
+      peak at the price of counting them twice while both nodes are resident (`planner.core.problem` derives the
       executor's exact view, which counts each output once, from this graph).
       A backward multi-output op is not recomputable. A secondary output's own node is, but the executor
       recomputes it by indexing the newest result of its op, which keeps all that op's outputs alive from that
@@ -41,7 +41,7 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
       is resident until then); for a backward op's, `executor_sequence` turns a schedule into what the executor
       really holds, and with `pin_secondaries` such nodes are not recomputable at all (plan() falls back to that
       graph when the first does not fit).
-    - With `loss_bytes` (see `planner.tracing.loss_workspace_bytes`), a node `loss` of that size reads the model's
+    - With `loss_bytes` (see `capture.module_tags.loss_workspace_bytes`), a node `loss` of that size reads the model's
       outputs and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step, unless the model computes its loss itself (every tangent is a
@@ -60,7 +60,7 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     tangents = phs[traced.num_primals:]
     readers: dict[int, list[int]] = {j: [] for j in range(len(tangents))}
-    by_name = {n.name: n for n in gm.graph.nodes}
+    by_name = traced.fx_nodes
     for gid, names in traced.node_map.items():
         mine = {by_name[nm] for nm in names}
         read = {a for m in mine for a in m.all_input_nodes if a not in mine}
@@ -120,7 +120,7 @@ def secondary_outputs(traced) -> dict[int, list[int]]:
     statistics, a dropout's mask: a getitem) a node of its own, computed once. But every computation of
     the op, a recomputation included, allocates all its outputs at once.
     """
-    by_name = {n.name: n for n in traced.joint_module.graph.nodes}
+    by_name = traced.fx_nodes
     group_of = {nm: gid for gid, names in traced.node_map.items() for nm in names}
     out: dict[int, list[int]] = {}
     for gid, names in traced.node_map.items():
@@ -159,13 +159,6 @@ def executor_sequence(graph: Graph, computes, co_outputs: dict[int, list[int]]) 
             last_read[u] = len(out) - 1
     return out
 
-
-def strided_bytes(val) -> int:
-    """Bytes of the storage a tensor of this shape and stride needs (what the trace counted for it)."""
-    if val.numel() == 0:
-        return 0
-    span = 1 + sum((size - 1) * stride for size, stride in zip(val.shape, val.stride()))
-    return int(span * val.element_size())
 
 
 def split_position(graph: Graph, computes, traced_nodes: int) -> int:

@@ -2,8 +2,8 @@
 
 `PlannedModule` wraps the original model: parameters, buffers and state_dict are the model's own, the
 forward runs the planned step through `_PlannedStep` (a torch.autograd.Function) whose forward and backward are
-the two fx halves `planner.step_builder.build_step` made (or inductor's compilation of them,
-`planner.inductor`), updated buffers are copied into the model's buffers in place (as eager BatchNorm does), and
+the two fx halves `planner.execution.step_builder.build_step` made (or inductor's compilation of them,
+`execution.inductor`), updated buffers are copied into the model's buffers in place (as eager BatchNorm does), and
 gradients land on the model's parameters. In eval mode or under torch.no_grad it simply runs the original model.
 The halves are built once: by `Plan.apply` where it has the trace, else at the first call.
 """
@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 
 from graphs.errors import PlanMismatchError, RematError
-from planner.inductor import compile_halves
-from planner.step_builder import StepHalves, build_step
+from planner.execution.inductor import compile_halves
+from planner.execution.step_builder import StepHalves, build_step
 
 
 def autocast_state() -> list[list]:
@@ -45,7 +45,7 @@ class _PlannedStep(torch.autograd.Function):
         del res
         with torch.no_grad():
             for name, new in zip(step.buffer_updates, updates):
-                if new is not None:  # None: the compiled forward updated the buffer itself (planner.inductor)
+                if new is not None:  # None: the compiled forward updated the buffer itself (planner.execution.inductor)
                     runner.buffers[name].copy_(new)
         del updates
         ctx.runner = runner

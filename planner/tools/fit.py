@@ -18,9 +18,10 @@ from fractions import Fraction
 from typing import Callable
 
 from capture.call import CallSpec
+from capture.loss_workspace import loss_workspace_bytes
+from capture.module_tags import trace_model
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from planner.api import GB, LossNotPlannedWarning, Plan, budget_bytes_from_gb, plan, smallest_budget
-from planner.tracing import loss_workspace_bytes, trace_model
+from planner.whole.api import GB, LossNotPlannedWarning, Plan, budget_bytes_from_gb, plan, smallest_budget
 
 
 @dataclass

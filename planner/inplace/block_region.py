@@ -1,12 +1,12 @@
 """One block of a model, planned on its own: how it was called, the options it offers, what each one holds.
 
-The in-place planner (planner.inplace) runs every repeated block through one of its options:
+The in-place planner (planner.inplace.controller) runs every repeated block through one of its options:
 
 - "kept": the block's own forward, everything kept for the backward (eager);
 - "checkpointed": torch.utils.checkpoint around the whole block (non-reentrant, RNG state preserved): only the
   input is kept, the block runs again for its backward;
 - "planned@<fraction>": a schedule `plan()` made for the block alone at that fraction of its no-recomputation peak,
-  run by the existing executor (planner.runtime.PlannedModule) on the block's live parameters.
+  run by the existing executor (planner.execution.runtime.PlannedModule) on the block's live parameters.
 
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
 which require grad, the non-tensor arguments, the autocast state, the block's mode and which of its parameters
@@ -223,8 +223,8 @@ def _forward_cost(graph) -> float:
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
                   cost_model: str = "flops", compile: bool = False, say=None) -> BlockProfile:
     """The options of a block at this call and their figures (see the module docstring)."""
-    from planner.api import plan as plan_model
-    from planner.tracing import trace_model
+    from capture.module_tags import trace_model
+    from planner.whole.api import plan as plan_model
 
     t0 = time.perf_counter()
     say = say or (lambda _msg: None)
@@ -248,7 +248,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             traced = None
             note = f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
         if traced is not None:
-            from planner.problem import PlanningProblem
+            from planner.core.problem import PlanningProblem
 
             problem = PlanningProblem(traced)
             graph = problem.solver_graph

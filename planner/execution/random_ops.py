@@ -2,7 +2,7 @@
 
 Inductor replaces random ops by its own seeded generator, drawing fresh seeds in each compiled graph: a dropout
 recomputed in the compiled backward would draw another mask than its first computation in the compiled forward. The
-compiled path (`planner.inductor`) therefore emits every random fx node of a planned step as one of two custom ops
+compiled path (`execution.inductor`) therefore emits every random fx node of a planned step as one of two custom ops
 that inductor calls as they are (it cannot look inside, so it neither reorders their draws nor fuses them):
 
 - `remat::draw(tensors, after, key)`: the generator state of the op's device, then the op run on the eager
@@ -25,7 +25,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from planner.rng import get_rng_state, set_rng_state
+from planner.execution.rng import get_rng_state, set_rng_state
 
 
 @dataclass(frozen=True)

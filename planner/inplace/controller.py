@@ -1,8 +1,8 @@
 """Planning in place, per block: `enable(model, budget_gb)` and `disable(model)`.
 
-The model stays the user's object and class. Each repeated block (planner.checkpointing.repeated_blocks, or
+The model stays the user's object and class. Each repeated block (planner.whole.candidates.repeated_blocks, or
 `blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
-of the block's options (planner.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
+of the block's options (inplace.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
 everything outside the blocks runs as written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see
 the model they know.
 
@@ -41,8 +41,8 @@ from torch.utils._pytree import tree_flatten, tree_leaves
 
 from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
 from graphs.errors import InfeasibleBudgetError
-from planner.block_region import BlockCall, BlockProfile, original_forward, profile_block
-from planner.plan_type import GB
+from planner.inplace.block_region import BlockCall, BlockProfile, original_forward, profile_block
+from planner.whole.plan_type import GB
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
 _log = logging.getLogger("planner")
@@ -224,7 +224,7 @@ class _Measured:
     # block's backward (the loss's and the head's backward), and after the first block's backward to the end
     head_backward: int | None = None
     tail_backward: int | None = None
-    grads_then: tuple | None = None  # InPlacePlan._new_grads of the measuring call
+    grads_then: tuple | None = None  # InPlaceController._new_grads of the measuring call
     tail_started: bool = False  # the first block's backward has ended
     first_input_grad: bool = True  # the first block has an input that requires grad (else nothing follows its backward)
 
@@ -257,7 +257,7 @@ class StepRecord:
     budget_bytes: int
 
 
-class InPlacePlan:
+class InPlaceController:
     """The in-place planner of one model (see the module docstring); `planner.enable` returns it."""
 
     def __init__(self, model: torch.nn.Module, budget_bytes: int, block_names: list[str], *, time_limit_s: float,
@@ -287,7 +287,7 @@ class InPlacePlan:
     def __deepcopy__(self, memo):
         import copy
 
-        new = InPlacePlan.__new__(InPlacePlan)
+        new = InPlaceController.__new__(InPlaceController)
         memo[id(self)] = new
         new.model = copy.deepcopy(self.model, memo)
         new.budget_bytes = self.budget_bytes
@@ -682,7 +682,7 @@ def _whole(prof: BlockProfile):
     return next((o for o in prof.options if o.figures.name == "checkpointed"), prof.options[0])
 
 
-def _option_names(state: InPlacePlan, step: _Step) -> list[str]:
+def _option_names(state: InPlaceController, step: _Step) -> list[str]:
     if step.mode == "planned" and step.choice is not None:
         return [state.profiles[k].options[c].figures.name for k, c in zip(step.expected, step.choice.choice)]
     return [_whole(state.profiles[k]).figures.name for k in step.keys if k in state.profiles]
@@ -707,7 +707,7 @@ class _BlockForward:
     """A block's forward under the in-place planner (an instance attribute, so `block(...)` still runs the block's
     hooks around it)."""
 
-    def __init__(self, state: InPlacePlan, block: torch.nn.Module):
+    def __init__(self, state: InPlaceController, block: torch.nn.Module):
         self.state = state
         self.block = block
 
@@ -724,7 +724,7 @@ class _BlockForward:
 # the public functions
 # ---------------------------------------------------------------------------------------------
 def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
-    from planner.checkpointing import repeated_blocks
+    from capture.module_tags import repeated_blocks
 
     if blocks is None:
         names = repeated_blocks(model)
@@ -750,19 +750,19 @@ def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
 
 def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 5.0,
            compile: bool = False, progress: bool | Callable[[str], None] = False,
-           cost_model: str = "flops") -> InPlacePlan:
+           cost_model: str = "flops") -> InPlaceController:
     """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step
     (see the module docstring); returns the planner (also `inplace_plan(model)`).
 
-    blocks: module names or classes of the blocks (default: planner.checkpointing.repeated_blocks).
+    blocks: module names or classes of the blocks (default: planner.whole.candidates.repeated_blocks).
     time_limit_s: per new block shape, for tracing and planning it.
-    compile: run planned blocks through inductor (planner.inductor).
+    compile: run planned blocks through inductor (planner.execution.inductor).
     """
-    from planner.api import budget_bytes_from_gb
+    from planner.whole.api import budget_bytes_from_gb
 
     if _ATTR in model.__dict__:
         raise ValueError("the planner is already enabled on this model: planner.disable(model) first")
-    state = InPlacePlan(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
+    state = InPlaceController(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
                         time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress)
     state._install()
     model.__dict__[_ATTR] = state
@@ -777,7 +777,7 @@ def disable(model: torch.nn.Module) -> None:
     state._uninstall()
 
 
-def inplace_plan(model: torch.nn.Module) -> InPlacePlan | None:
+def inplace_plan(model: torch.nn.Module) -> InPlaceController | None:
     """The in-place planner enabled on `model`, or None."""
     return model.__dict__.get(_ATTR)
 

@@ -6,7 +6,7 @@ solvers do not know this, so they plan on a graph where such an op's node also c
 recomputation then stays within the peak, at the price of counting some bytes twice. The executor holds less.
 `PlanningProblem` keeps both views of one trace side by side, built on demand and once each:
 
-- `solver_graph`: what the solvers plan (`planner.solver_graph.solver_graph`);
+- `solver_graph`: what the solvers plan (`planner.core.solver_graph.solver_graph`);
 - `pinned_graph`: the same with secondary outputs not recomputable: the fallback where a schedule of the first
   graph does not fit as the executor holds it (`executable`);
 - `exact_graph`: the executor's view, derived from the solver graph without building it again: each output counted
@@ -30,7 +30,7 @@ from graphs.ir import Graph
 from graphs.result import SolveResult
 from graphs.schedule import Schedule
 from graphs.simulate import simulate
-from planner.solver_graph import executor_sequence, secondary_outputs, solver_graph
+from planner.core.solver_graph import executor_sequence, secondary_outputs, solver_graph
 from solvers.base import solve
 
 
@@ -65,7 +65,7 @@ class Finalised:
 
 class PlanningProblem:
     """The graphs and checks plan() needs for one trace (`capture.trace.TraceResult`) and the bytes of a loss computed
-    outside the model (`planner.tracing.loss_workspace_bytes`; 0 without one). See the module docstring."""
+    outside the model (`capture.module_tags.loss_workspace_bytes`; 0 without one). See the module docstring."""
 
     def __init__(self, traced, loss_bytes: int = 0):
         self.traced = traced

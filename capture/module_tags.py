@@ -1,13 +1,14 @@
-"""Tracing a model for the planner: the joint graph with each node tagged with its module, and the memory of a
-loss computed outside the model."""
+"""A model's modules in its trace: the joint graph with each node tagged with the module that ran it
+(`trace_model`, `node_modules`), and the model's repeated blocks (`repeated_blocks`)."""
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
 import torch
+import torch.fx.traceback as fx_traceback
 
-from planner.solver_graph import strided_bytes
+from capture.trace import trace
 
 
 def trace_model(model: torch.nn.Module, sample_input, cost_model: str = "flops", device_name: str | None = None):
@@ -16,10 +17,6 @@ def trace_model(model: torch.nn.Module, sample_input, cost_model: str = "flops",
     The tags (`meta["nn_module_stack"]`) come from forward pre/post hooks that write the current module
     path into torch.fx's node-meta context while AOTAutograd traces; `node_modules` reads them back.
     """
-    import torch.fx.traceback as fx_traceback
-
-    from capture.trace import trace
-
     stack: list[str] = []
     had_key = "nn_module_stack" in fx_traceback.current_meta
     saved = fx_traceback.current_meta.get("nn_module_stack")
@@ -72,28 +69,17 @@ def node_modules(traced) -> dict[int, str]:
     return out
 
 
-def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> int:
-    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
-    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
-    from capture.measure_memory import StorageTracker
-
-    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
-    try:
-        with torch.random.fork_rng(), torch.no_grad():
-            out = model(*inputs) if call is None else call.call(model, inputs)
-    finally:
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(saved[name])
-    from torch.utils._pytree import tree_map
-
-    leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
-                      if isinstance(t, torch.Tensor) else t, out)
-    tracker = StorageTracker()
-    with tracker:
-        loss = loss_fn(leaves)
-        loss.backward()
-    from torch.utils._pytree import tree_leaves as _leaves
-
-    grads = sum(strided_bytes(t.grad) for t in _leaves(leaves) if isinstance(t, torch.Tensor) and t.grad is not None)
-    return max(0, int(tracker.peak_bytes) - grads)
+def repeated_blocks(model: torch.nn.Module) -> list[str]:
+    """The module paths of the model's repeated blocks: the children of the outermost `nn.ModuleList` or
+    `nn.Sequential` holding two or more modules of one class with parameters (transformer layers, ResNet stages),
+    the blocks per-block checkpointing wraps; [] when it has none."""
+    found = []
+    for name, m in model.named_modules():
+        kids = list(m.named_children()) if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) else []
+        mods = [k for _, k in kids]
+        if len(mods) > 1 and len({type(k) for k in mods}) == 1 and any(True for _ in mods[0].parameters()):
+            found.append((name.count(".") if name else -1, -len(mods), name, [n for n, _ in kids]))
+    if not found:
+        return []
+    _, _, parent, children = min(found, key=lambda f: f[:2])
+    return [f"{parent}.{c}" if parent else c for c in children]

@@ -1,0 +1,57 @@
+"""Checkpointing by blocks as people write it by hand, run by torch: the baselines the planner is measured against
+(the curve's and the fit's points of comparison, and the benchmarks').
+
+- `per_block_checkpointed(model)`: a copy of the model with torch.utils.checkpoint around each repeated block
+  (`capture.module_tags.repeated_blocks`), or selective checkpointing (matmul and attention outputs saved);
+- `largest_checkpointed_size`: the largest size per-block checkpointing fits in a memory.
+"""
+from __future__ import annotations
+
+import copy
+import types
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from capture.module_tags import repeated_blocks
+from planner.tools.measure import measure_peak_bytes
+from planner.whole.candidates import SAVED_BY_SELECTIVE
+
+
+def per_block_checkpointed(model: torch.nn.Module, *, selective: bool = False) -> torch.nn.Module | None:
+    """A copy of `model` whose repeated blocks (`repeated_blocks`) each run under torch.utils.checkpoint
+    (non-reentrant, RNG state preserved): the usual hand-written baseline; None when the model has none. With
+    `selective`, selective activation checkpointing instead (torch.utils.checkpoint's
+    create_selective_checkpoint_contexts): the outputs of the ops in SAVED_BY_SELECTIVE are saved, the rest of each
+    block is recomputed."""
+    names = repeated_blocks(model)
+    if not names:
+        return None
+    wrapped = copy.deepcopy(model)
+    options: dict = {"use_reentrant": False}
+    if selective:
+        options["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+    for blk in (wrapped.get_submodule(name) for name in names):
+        plain = blk.forward
+        blk.forward = types.MethodType(lambda self, *a, _f=plain, **kw: checkpoint(_f, *a, **options, **kw), blk)
+    return wrapped
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    packet = getattr(op, "overloadpacket", None)
+    return CheckpointPolicy.MUST_SAVE if packet in SAVED_BY_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def largest_checkpointed_size(make, budget_bytes: int, *, start: int = 1, limit: int = 256) -> int | None:
+    """The largest size n (from `start`, at most `limit`) whose step `make(n)` under per-block checkpointing fits
+    `budget_bytes`, measured (storage-tracking mode on CPU); None when not even `start` fits or the model has no
+    repeated blocks. The baseline `max_batch` is compared with."""
+    best = None
+    for n in range(start, limit + 1):
+        model, sample = make(n)
+        wrapped = per_block_checkpointed(model)
+        if wrapped is None or measure_peak_bytes(wrapped, sample) > budget_bytes:
+            return best
+        best = n
+    return best
