@@ -3,7 +3,11 @@
 A sample input is a tensor, a tuple or list of tensors (positional arguments), a dict of keyword arguments
 (`model(**batch)`, as transformers models are called), or a pair `(args, kwargs)` of both. Tensor keyword
 arguments become user inputs after the positional ones, in the dict's order; other keyword values (None, flags such
-as `use_cache=False`) are constants of the traced graph, and a call with other values is refused.
+as `use_cache=False`) are constants of the traced graph, and a call with other values is refused (`CallSpec`).
+
+`FlatCall` is any call (args, kwargs) flattened with torch's pytree: its structure and non-tensor leaves (each tensor
+a `TENSOR` slot), a hashable key, and `rebuild(tensors)`. A planned block's call, a random op's arguments and the
+in-place planner's key of a training call are each one.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from graphs.errors import SpecialisationError, TraceError
 
@@ -76,3 +81,63 @@ class CallSpec:
         parts = [f"{self.num_args} positional"] if self.num_args else []
         parts += [f"{k}=<tensor>" for k in self.tensor_keys] + [f"{k}={v!r}" for k, v in self.constants]
         return ", ".join(parts) or "no arguments"
+
+
+class _TensorSlot:
+    """Marks where a call's tensors go among its leaves (the one instance `TENSOR`, pickled as that name)."""
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+    def __reduce__(self):
+        return "TENSOR"
+
+
+TENSOR = _TensorSlot()
+
+
+def tensor_meta(t: torch.Tensor, strides: bool = True) -> tuple:
+    """(shape, strides, dtype, device, requires_grad) of a tensor, strides left out with strides=False."""
+    return (tuple(t.shape), *((tuple(t.stride()),) if strides else ()), str(t.dtype), str(t.device), t.requires_grad)
+
+
+@dataclass(frozen=True)
+class FlatCall:
+    """A call (args, kwargs) flattened (torch.utils._pytree), its tensors taken out.
+
+    constants: the leaves, `TENSOR` where a tensor goes. key: hashable, equal for calls of one structure with equal
+    non-tensor leaves and tensors of equal metadata: the structure, each tensor's `tensor_meta`, each other leaf's
+    type and value, or, where it cannot be hashed, its type and id (by_id=False: its type alone). hashable: every
+    non-tensor leaf can be hashed (else calls cannot be compared by value: a cache object, say)."""
+
+    spec: Any  # the pytree spec of (args, kwargs)
+    constants: tuple
+    key: tuple
+    hashable: bool
+
+    @staticmethod
+    def of(args, kwargs=None, *, strides: bool = True, by_id: bool = True,
+           leaf_type: type = torch.Tensor) -> tuple["FlatCall", list]:
+        """The flat call and its tensors in order; `leaf_type` says what a tensor is (torch.fx.Node for an fx
+        node's arguments, keyed by position alone)."""
+        leaves, spec = tree_flatten((tuple(args), dict(kwargs or {})))
+        tensors = [x for x in leaves if isinstance(x, leaf_type)]
+        constants = tuple(TENSOR if isinstance(x, leaf_type) else x for x in leaves)
+        hashable = True
+        parts = []
+        for x in leaves:
+            if isinstance(x, leaf_type):
+                parts.append(("tensor", *tensor_meta(x, strides)) if isinstance(x, torch.Tensor) else ("tensor",))
+                continue
+            try:
+                hash(x)
+                parts.append((type(x).__name__, x))
+            except TypeError:
+                hashable = False
+                parts.append((type(x).__name__, id(x)) if by_id else (type(x).__name__,))
+        return FlatCall(spec, constants, (str(spec), tuple(parts)), hashable), tensors
+
+    def rebuild(self, tensors) -> tuple[tuple, dict]:
+        """(args, kwargs) of the call with `tensors` in the slots, in order."""
+        it = iter(tensors)
+        return tree_unflatten([next(it) if c is TENSOR else c for c in self.constants], self.spec)

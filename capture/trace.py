@@ -42,6 +42,7 @@ from capture.fx_nodes import nodes_by_name
 from capture.guards import Guard, record_reads_and_guard
 from capture.measure_memory import storage_bytes
 from capture.random_draws import node_draws_random
+from capture.state import restored_rng
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 
@@ -679,12 +680,12 @@ def trace(
     scalar_reads: tuple = ()
     guard: Guard | None = None
     try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
-        with torch.random.fork_rng(devices=devices):
+        with restored_rng(devices):
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
     except _NeedsValues:
         scalar_reads, guard = record_reads_and_guard(model, inputs, call)
         phases["scalar_reads"] = time.perf_counter() - t0
-        with torch.random.fork_rng(devices=devices):
+        with restored_rng(devices):
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
     phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
@@ -701,7 +702,7 @@ def trace(
     flat_args = [p.detach() for p in primals] + tangents
     fixed_bytes = storage_bytes(flat_args)
     # the joint graph holds the casts autocast made while it was captured: it runs with autocast off
-    with torch.random.fork_rng(devices=devices), torch._C._DisableAutocast(), meta_overrides.overrides():
+    with restored_rng(devices), torch._C._DisableAutocast(), meta_overrides.overrides():
         # a graph with data-dependent output shapes (nonzero: captured on real values) runs for real
         records, flops, fixed_views = _build_records(gm, flat_args, cost_model, device_name,
                                                      real_run or _has_unbacked_shapes(gm))

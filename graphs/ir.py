@@ -115,17 +115,6 @@ class Graph:
             best = max(best, need)
         return self.fixed_bytes + best
 
-    def to_networkx(self):
-        import networkx as nx
-
-        g = nx.DiGraph()
-        for nd in self.nodes:
-            g.add_node(nd.id, name=nd.name, cost=nd.cost, bytes=nd.bytes, backward=nd.backward)
-        for nd in self.nodes:
-            for i in nd.inputs:
-                g.add_edge(i, nd.id)
-        return g
-
     def describe(self, i: int) -> str:
         return f"node {self.labels[i]} '{self.nodes[i].name}'"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 _NAMES = {
-    "GB": "planner.whole.plan_type", "Plan": "planner.whole.plan_type", "plan": "planner.whole.api",
+    "GB": "planner.core.units", "Plan": "planner.core.plan_type", "plan": "planner.whole.api",
     "smallest_budget": "planner.whole.api", "SmallestBudget": "planner.core.problem",
     "PlannedModule": "planner.execution.runtime",
     "PlanMismatchError": "graphs.errors", "ExecutorError": "graphs.errors",

@@ -4,7 +4,7 @@
 
 For each model the budget is eager's measured peak at batch 2 (storage-tracking dispatch mode, CPU). The planner's
 answer n is planned and its step measured the same way; per-block checkpointing
-(`planner.whole.candidates.per_block_checkpointed`: torch.utils.checkpoint around each module of the model's largest
+(`planner.core.candidates.per_block_checkpointed`: torch.utils.checkpoint around each module of the model's largest
 ModuleList, non-reentrant) is measured at growing batches until it no longer fits. Prints a markdown table.
 """
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The packages' import structure, read from the source: imports run one way between packages
-(graphs <- capture, solvers <- planner), solvers never import torch, and no module imports itself back through
-others (an import inside a function counts: it is a dependency all the same)."""
+(graphs <- capture, solvers <- planner) and between planner's layers (execution <- core <- whole, inplace <- tools),
+solvers never import torch, no module imports itself back through others (an import inside a function counts: it
+is a dependency all the same), and an import of the project inside a function in capture/ or planner/ is one of a
+short list, each with its reason."""
 from __future__ import annotations
 
 import ast
@@ -19,6 +21,25 @@ ALLOWED = {
     "planner": {"graphs", "capture", "solvers"},
 }
 PROJECT = set(PACKAGES) | {"harness", "examples", "scripts", "tests"}
+# planner's layers, lowest first: what each may import of planner (graphs, capture and solvers are below them all)
+PLANNER_LAYERS = {
+    "planner.execution": set(),
+    "planner.core": {"planner.execution"},
+    "planner.whole": {"planner.core", "planner.execution"},
+    "planner.inplace": {"planner.core", "planner.execution"},
+    "planner.tools": {"planner.whole", "planner.inplace", "planner.core", "planner.execution"},
+}
+# (module, function, imported module) -> why the import is inside the function
+FUNCTION_LEVEL_IMPORTS = {
+    ("planner.tools.cli", "cmd_plan", "planner.whole.api"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_fit", "planner.whole.api"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_fit", "planner.tools.fit"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_fit", "planner.core.progress"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_curve", "planner.tools.curve"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_curve", "planner.core.progress"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_show", "planner.core.plan_type"): "`python -m planner solve` starts without torch",
+    ("planner.tools.cli", "cmd_min_budget", "solvers.bounds.min_budget"): "each command imports only what it runs",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -94,3 +115,51 @@ def test_the_check_sees_a_circle(tmp_path):
     a = tmp_path / "a.py"
     a.write_text("def f():\n    from planner import b\n")
     assert _imports("planner.a", a, {"planner.b"}) == {"planner.b"}
+
+
+def _layer(module: str) -> str | None:
+    return next((layer for layer in PLANNER_LAYERS if module == layer or module.startswith(layer + ".")), None)
+
+
+def test_planner_layers_import_downwards():
+    bad = []
+    for a, b in _graph().edges:
+        la, lb = _layer(a), _layer(b)
+        if la is not None and b.startswith("planner") and lb != la and lb not in PLANNER_LAYERS[la]:
+            bad.append((a, b))
+    assert not bad, f"imports against planner's layers (execution <- core <- whole, inplace <- tools): {bad}"
+    assert all(_layer(m) is not None for m in _modules() if m.startswith("planner.") and m != "planner.__main__"), \
+        "a planner module outside the layers"
+
+
+def _function_level_imports(name: str, path: Path, known: set[str]) -> set[tuple[str, str, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            out |= {(name, fn.name, m) for m in mods if m.split(".")[0] in PROJECT}
+    return out
+
+
+def test_function_level_imports_of_the_project_are_listed_with_a_reason():
+    mods = _modules()
+    found = set()
+    for name, path in mods.items():
+        if name.split(".")[0] in ("capture", "planner"):
+            found |= _function_level_imports(name, path, set(mods))
+    unlisted = sorted(found - set(FUNCTION_LEVEL_IMPORTS))
+    assert not unlisted, f"imports inside functions (move them to the top, or list them with their reason): {unlisted}"
+    assert not set(FUNCTION_LEVEL_IMPORTS) - found, "listed imports that are no longer there"
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from planner.whole.api import plan\n")
+    imports = _imports("planner.execution.a", a, {"planner.whole.api"})
+    assert imports == {"planner.whole.api"} and _layer("planner.whole.api") not in PLANNER_LAYERS["planner.execution"]
+    found = _function_level_imports("planner.execution.a", a, set())
+    assert found == {("planner.execution.a", "f", "planner.whole.api")}

@@ -32,6 +32,7 @@ from graphs.schedule import Schedule
 from graphs.simulate import simulate
 from planner.core.solver_graph import executor_sequence, secondary_outputs, solver_graph
 from solvers.base import solve
+from solvers.bounds.min_budget import min_budget
 
 
 class GraphKind(str, Enum):
@@ -70,7 +71,6 @@ class PlanningProblem:
     def __init__(self, traced, loss_bytes: int = 0):
         self.traced = traced
         self.loss_bytes = int(loss_bytes)
-        self.graphs_built = 0  # solver graphs built from the trace (the exact view is derived, not built)
 
     # ---- the graphs ----------------------------------------------------------------------------
     @cached_property
@@ -79,7 +79,6 @@ class PlanningProblem:
         return secondary_outputs(self.traced)
 
     def _build(self, pinned: bool) -> Graph:
-        self.graphs_built += 1
         return solver_graph(self.traced, self.loss_bytes, pin_secondaries=pinned, secondaries=self.secondaries)
 
     @cached_property
@@ -196,8 +195,6 @@ class PlanningProblem:
 
 def _search_smallest(graph: Graph, time_limit_s: float, adapt=None) -> SmallestBudget:
     """`solvers.bounds.min_budget` on `graph`, as a SmallestBudget (budget None when no solver met any in time)."""
-    from solvers.bounds.min_budget import min_budget
-
     try:
         mb = min_budget(graph, time_limit_s=time_limit_s, adapt=adapt)
     except (InfeasibleBudgetError, NoSolutionInTimeError) as e:

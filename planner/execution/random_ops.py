@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from capture.call import FlatCall
 from planner.execution.rng import get_rng_state, set_rng_state
 
 
@@ -33,16 +33,13 @@ class RandomCall:
     """One random fx node: its op, its arguments with tensors taken out, the metadata of its outputs."""
 
     target: Any
-    args_spec: Any  # pytree spec of (args, kwargs)
-    leaves: tuple  # the flattened arguments; a tensor argument is the marker _TENSOR
+    call: FlatCall  # its arguments, each tensor argument (an fx node when registered) a slot
     outputs: tuple  # (shape, stride, dtype, device) per output tensor
     single: bool  # the op returns one tensor (not a tuple)
     device: str
 
     def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        it = iter(tensors)
-        leaves = [next(it) if leaf is _TENSOR else leaf for leaf in self.leaves]
-        args, kwargs = tree_unflatten(leaves, self.args_spec)
+        args, kwargs = self.call.rebuild(tensors)
         out = self.target(*args, **kwargs)
         return [out] if self.single else list(out)
 
@@ -51,20 +48,12 @@ class RandomCall:
                 for shape, stride, dtype, device in self.outputs]
 
 
-class _TensorMarker:
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-_TENSOR = _TensorMarker()
 _REGISTRY: dict[str, RandomCall] = {}
 
 
 def register(node: torch.fx.Node) -> tuple[str, list[torch.fx.Node]]:
     """Register the random fx node `node`; returns its key and its tensor arguments (fx nodes, in order)."""
-    leaves, spec = tree_flatten((tuple(node.args), dict(node.kwargs)))
-    tensors = [a for a in leaves if isinstance(a, torch.fx.Node)]
-    marked = tuple(_TENSOR if isinstance(a, torch.fx.Node) else a for a in leaves)
+    flat, tensors = FlatCall.of(node.args, node.kwargs, leaf_type=torch.fx.Node)
     val = node.meta["val"]
     single = isinstance(val, torch.Tensor)
     outs = [val] if single else list(val)
@@ -72,8 +61,8 @@ def register(node: torch.fx.Node) -> tuple[str, list[torch.fx.Node]]:
         raise TypeError(f"random op '{node.name}' returns something other than tensors")
     outputs = tuple((tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device)) for t in outs)
     device = outputs[0][3]
-    call = RandomCall(node.target, spec, marked, outputs, single, device)
-    key = hashlib.sha1(repr((str(node.target), str(spec), marked, outputs)).encode()).hexdigest()[:20]
+    call = RandomCall(node.target, flat, outputs, single, device)
+    key = hashlib.sha1(repr((str(node.target), str(flat.spec), flat.constants, outputs)).encode()).hexdigest()[:20]
     _REGISTRY[key] = call
     return key, tensors
 

@@ -14,20 +14,10 @@ from typing import Sequence
 
 import torch
 
+from capture import state as _state
 from graphs.errors import PlanMismatchError, RematError
 from planner.execution.inductor import compile_halves
 from planner.execution.step_builder import StepHalves, build_step
-
-
-def autocast_state() -> list[list]:
-    """[device, dtype] of each device type whose autocast is on now ([] when none is): a traced graph holds the casts
-    autocast made while it was traced."""
-    return [[d, str(torch.get_autocast_dtype(d)).replace("torch.", "")] for d in ("cpu", "cuda")
-            if torch.is_autocast_enabled(d)]
-
-
-def _describe_autocast(state: list) -> str:
-    return " and ".join(f"autocast({d}, {t})" for d, t in state) if state else "no autocast"
 
 
 class _PlannedStep(torch.autograd.Function):
@@ -246,10 +236,11 @@ class PlannedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled() or self.module.training != self._plan.fingerprint.get("training", True):
             return self.module(*args, **kwargs)
-        want = self._plan.fingerprint.get("autocast")
-        if want is not None and autocast_state() != want:
-            raise PlanMismatchError(f"this plan was made under {_describe_autocast(want)} and is called under "
-                                    f"{_describe_autocast(autocast_state())}: the traced graph holds the first one's "
+        want = self._plan.fingerprint.get("autocast")  # JSON: [device, dtype] lists
+        now = _state.autocast_state()
+        if want is not None and now != tuple(tuple(s) for s in want):
+            raise PlanMismatchError(f"this plan was made under {_state.describe_autocast(want)} and is called under "
+                                    f"{_state.describe_autocast(now)}: the traced graph holds the first one's "
                                     "casts; plan again in this precision (or call it as it was planned)")
         if self._traced is None:  # a loaded plan: trace on the first call's input (the plan checks the graph)
             self._traced = self._plan.trace_for(self.module, (args, kwargs) if kwargs else args)

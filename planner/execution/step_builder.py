@@ -90,8 +90,6 @@ class StepHalves:
     tangent_outputs: list[int]  # output leaf index of every tangent
     own_loss_leaf: int | None  # the model's own loss, the only output differentiated (TraceResult.own_loss_leaf)
     grad_of_primal: list[bool]  # per primal: the backward returns a gradient for it
-    split_position: int  # index in the compute sequence where the backward begins
-    num_primals: int
 
 
 
@@ -283,8 +281,6 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
         tangent_outputs=list(traced.tangent_outputs),
         own_loss_leaf=traced.own_loss_leaf,
         grad_of_primal=[g is not None for g in grads],
-        split_position=split,
-        num_primals=n_primals,
     )
 
 

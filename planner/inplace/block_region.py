@@ -5,47 +5,43 @@ The in-place planner (planner.inplace.controller) runs every repeated block thro
 - "kept": the block's own forward, everything kept for the backward (eager);
 - "checkpointed": torch.utils.checkpoint around the whole block (non-reentrant, RNG state preserved): only the
   input is kept, the block runs again for its backward;
-- "planned@<fraction>": a schedule `plan()` made for the block alone at that fraction of its no-recomputation peak,
-  run by the existing executor (planner.execution.runtime.PlannedModule) on the block's live parameters.
+- "planned@<fraction>": a schedule the solving core (planner.core.solve) made for the block alone at that fraction of
+  its no-recomputation peak, run by the executor (planner.execution.runtime.PlannedModule) on the block's live
+  parameters.
 
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
 which require grad, the non-tensor arguments, the autocast state, the block's mode and which of its parameters
 require grad, with their dtypes): calls with one key share one profile. `profile_block` traces the block once at
-that call, plans it at a few budgets and measures each option on one real forward and backward of the block under
-a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what
-it stashes, what its forward and backward hold at once, and what it computes again (in the trace's cost unit; the
-whole forward for "checkpointed"). A block that cannot be traced keeps the two whole-block options, with the reason.
+that call, solves its one planning problem at a few budgets and measures each option on one real forward and
+backward of the block under a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG
+and buffers restored): what it stashes, what its forward and backward hold at once, and what it computes again (in
+the trace's cost unit; the whole forward for "checkpointed"). A block that cannot be traced keeps the two
+whole-block options, with the reason.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_leaves
 
+from capture.call import FlatCall
 from capture.measure_memory import StorageTracker, storage_bytes
+from capture.module_tags import node_modules, trace_model
+from capture.state import autocast_state, restored
 from graphs.errors import RematError
 from graphs.simulate import reference_peak_bytes
+from planner.core.candidates import checkpoint_candidates
+from planner.core.plan_type import Plan, fingerprint
+from planner.core.problem import PlanningProblem
+from planner.core.solve import solve_problem
 from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
-
-
-class _TensorSlot:
-    """Marks where a call's tensors go among its leaves."""
-
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-    def __reduce__(self):
-        return "_TENSOR"
-
-
-_TENSOR = _TensorSlot()
 
 
 def original_forward(block: torch.nn.Module) -> Callable:
@@ -54,45 +50,30 @@ def original_forward(block: torch.nn.Module) -> Callable:
 
 
 def _state_key(block: torch.nn.Module) -> tuple:
-    autocast = tuple((dev, torch.is_autocast_enabled(dev), str(torch.get_autocast_dtype(dev)))
-                     for dev in ("cpu", "cuda"))
+    """What a block's trace depends on besides its call: its mode, the autocast state, its parameters' flags."""
     params = tuple((n, p.requires_grad, str(p.dtype), str(p.device)) for n, p in block.named_parameters())
-    return (block.training, autocast, params)
+    return (block.training, autocast_state(), params)
 
 
 @dataclass(frozen=True)
 class BlockCall:
-    spec: Any  # the pytree spec of (args, kwargs)
-    constants: tuple  # the non-tensor leaves, _TENSOR where the leaf is a tensor
+    """A block's call (capture.call.FlatCall) and its key: the call's and the block's state (`_state_key`)."""
+
+    flat: FlatCall
     key: tuple
-    plannable: bool  # False when a non-tensor argument cannot be compared (a cache object): the block runs eager
+
+    @property
+    def plannable(self) -> bool:
+        """False when a non-tensor argument cannot be compared (a cache object): the block runs eager."""
+        return self.flat.hashable
 
     @staticmethod
     def of(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple["BlockCall", list[torch.Tensor]]:
-        leaves, spec = tree_flatten((args, kwargs))
-        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-        constants = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-        plannable = True
-        const_key = []
-        for x in constants:
-            if x is _TENSOR:
-                const_key.append(("tensor",))
-                continue
-            try:
-                hash(x)
-                const_key.append((type(x).__name__, x))
-            except TypeError:
-                plannable = False
-                const_key.append((type(x).__name__, id(x)))
-        metas = tuple((tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device), t.requires_grad)
-                      for t in tensors)
-        key = (str(spec), tuple(const_key), metas, _state_key(block))
-        return BlockCall(spec, constants, key, plannable), tensors
+        flat, tensors = FlatCall.of(args, kwargs)
+        return BlockCall(flat, (flat.key, _state_key(block))), tensors
 
     def rebuild(self, tensors) -> tuple[tuple, dict]:
-        it = iter(tensors)
-        leaves = [next(it) if c is _TENSOR else c for c in self.constants]
-        return tree_unflatten(leaves, self.spec)
+        return self.flat.rebuild(tensors)
 
 
 class _Region(torch.nn.Module):
@@ -110,10 +91,19 @@ class _Region(torch.nn.Module):
         return original_forward(self.block)(*args, **kwargs)
 
 
+class OptionKind(str, Enum):
+    """How an option runs the block (see the module docstring); a planned option's name adds its fraction."""
+
+    KEPT = "kept"
+    CHECKPOINTED = "checkpointed"
+    PLANNED = "planned"
+
+
 @dataclass
 class Option:
     """An option with its runner: `run(block, tensors) -> output`, inside the block's forward (one profile serves
     every block called with its key)."""
+    kind: OptionKind
     figures: BlockOption
     run: Callable[[torch.nn.Module, list[torch.Tensor]], Any] = field(repr=False)
 
@@ -148,20 +138,6 @@ def _kept_runner(call: BlockCall):
     return run
 
 
-@contextlib.contextmanager
-def _restored(block: torch.nn.Module):
-    """Run a measurement without a trace: RNG states (CPU and CUDA) and the block's buffers restored after."""
-    saved = {n: b.detach().clone() for n, b in block.named_buffers()}
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for n, b in block.named_buffers():
-                    b.copy_(saved[n])
-
-
 class _Seed(torch.autograd.Function):
     """Identity whose backward makes a dense incoming gradient of ones: the gradient a block's output receives is
     allocated inside the measurement (and freed by autograd once used, as the real one is)."""
@@ -183,7 +159,7 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> 
     params = [p for p in block.parameters() if p.requires_grad]
     wrt = params + [t for t in inputs if t.requires_grad]
     tracker = StorageTracker()
-    with _restored(block):
+    with restored(block):
         with tracker:
             out = run(inputs)
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -220,12 +196,31 @@ def _forward_cost(graph) -> float:
     return float(sum(n.cost for n in graph.nodes if not n.backward))
 
 
+def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem,
+                     time_limit_s: float) -> list[tuple[str, Plan]]:
+    """("planned@<fraction>", plan) for each of PLAN_FRACTIONS of the block's no-recomputation peak that a schedule
+    meets, each solved by the core on the one planning problem of the block's trace, in a share of the time."""
+    traced = problem.traced
+    modules = node_modules(traced)
+    candidates = checkpoint_candidates(region, traced, problem.solver_graph, modules)
+    reference = reference_peak_bytes(problem.solver_graph)
+    share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
+    fp = fingerprint(region, sample)
+    out = []
+    for frac in PLAN_FRACTIONS:
+        try:
+            solved = solve_problem(problem, int(frac * reference), time_limit_s=share, candidates=candidates)
+        except RematError:
+            break  # a smaller fraction will not fit either
+        plan = Plan.of(solved, problem, fingerprint=fp, cost_model=traced.cost_model, modules=modules)
+        out.append((f"{OptionKind.PLANNED.value}@{frac:g}", plan))
+    return out
+
+
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
                   cost_model: str = "flops", compile: bool = False, say=None) -> BlockProfile:
-    """The options of a block at this call and their figures (see the module docstring)."""
-    from capture.module_tags import trace_model
-    from planner.whole.api import plan as plan_model
-
+    """The options of a block at this call and their figures (see the module docstring): one trace, one planning
+    problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak."""
     t0 = time.perf_counter()
     say = say or (lambda _msg: None)
     options: list[Option] = []
@@ -235,12 +230,12 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     region = _Region(block, call)
     sample = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
     forward_cost = None
-    planned: list[tuple[str, Any]] = []
+    planned: list[tuple[str, Plan]] = []
     if not call.plannable:
         note = "a non-tensor argument cannot be compared between calls (a cache object?): the block runs eager"
     else:
         try:
-            with _restored(block), warnings.catch_warnings():
+            with restored(block), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 traced = trace_model(region, sample, cost_model)
             nodes = traced.graph.n
@@ -248,35 +243,24 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             traced = None
             note = f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
         if traced is not None:
-            from planner.core.problem import PlanningProblem
-
             problem = PlanningProblem(traced)
-            graph = problem.solver_graph
-            forward_cost = _forward_cost(graph)
-            reference = reference_peak_bytes(graph)
-            share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
-            for frac in PLAN_FRACTIONS:
-                try:
-                    with _restored(block), warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        p = plan_model(region, sample, int(frac * reference) / 1e9, traced=traced,
-                                       cost_model=cost_model, time_limit_s=share)
-                except RematError:
-                    break  # a smaller fraction will not fit either
-                planned.append((f"planned@{frac:g}", p))
-    kept = Option(BlockOption("kept", 0.0, 0, 0, 0), _kept_runner(call))
-    ckpt = Option(BlockOption("checkpointed", 0.0, 0, 0, 0), _checkpointed_runner(call))
+            forward_cost = _forward_cost(problem.solver_graph)
+            planned = _planned_options(region, sample, problem, time_limit_s)
+    kept = Option(OptionKind.KEPT, BlockOption(OptionKind.KEPT.value, 0.0, 0, 0, 0), _kept_runner(call))
+    ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
+                  _checkpointed_runner(call))
     if forward_cost is None:
         forward_cost = _measured_flops(block, call, tensors)
     candidates = [(kept, 0.0), (ckpt, forward_cost)] if call.plannable else [(kept, 0.0)]
     for name, p in planned:
-        candidates.append((Option(BlockOption(name, 0.0, 0, 0, 0), _planned_runner(p, region, compile)),
+        candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
+                                  _planned_runner(p, region, compile)),
                            p.overhead * p.graph.total_cost))
         plans[name] = p
     seen = set()
     for opt, cost in candidates:
         stash, fwd, bwd = measure_option(block, lambda ts, run=opt.run: run(block, ts), tensors)
-        if (stash, fwd, bwd) in seen and opt.figures.name.startswith("planned"):
+        if (stash, fwd, bwd) in seen and opt.kind is OptionKind.PLANNED:
             continue
         seen.add((stash, fwd, bwd))
         opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
@@ -293,7 +277,7 @@ def _measured_flops(block: torch.nn.Module, call: BlockCall, tensors) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with _restored(block), torch.no_grad(), counter:
+    with restored(block), torch.no_grad(), counter:
         args, kwargs = call.rebuild([t.detach() for t in tensors])
         original_forward(block)(*args, **kwargs)
     return float(counter.get_total_flops())

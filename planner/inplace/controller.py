@@ -1,6 +1,6 @@
 """Planning in place, per block: `enable(model, budget_gb)` and `disable(model)`.
 
-The model stays the user's object and class. Each repeated block (planner.whole.candidates.repeated_blocks, or
+The model stays the user's object and class. Each repeated block (planner.core.candidates.repeated_blocks, or
 `blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
 of the block's options (inplace.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
 everything outside the blocks runs as written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see
@@ -29,23 +29,26 @@ it is.
 from __future__ import annotations
 
 import gc
-import logging
-import sys
 import time
 import weakref
 from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
 from typing import Callable
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_leaves
 
+from capture.call import FlatCall
 from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
+from capture.module_tags import repeated_blocks
+from capture.state import autocast_as, autocast_state, cuda_devices_in_use
 from graphs.errors import InfeasibleBudgetError
-from planner.inplace.block_region import BlockCall, BlockProfile, original_forward, profile_block
-from planner.whole.plan_type import GB
+from planner.core.progress import Reporter
+from planner.core.units import GB, budget_bytes_from_gb
+from planner.inplace.block_region import BlockCall, BlockProfile, OptionKind, original_forward, profile_block
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
-_log = logging.getLogger("planner")
 _ATTR = "_remat_inplace"
 
 
@@ -174,20 +177,17 @@ def _isolated(fn: Callable):
     """`fn()` run on a thread of its own, under the caller's autocast state and CUDA device: no dispatch mode of
     the caller's (the probe's tracker, the user's) sees the work, and nothing it keeps (a traceback stored by a
     solver, say) can hold the frames of the model's forward, and with them its activations, alive."""
-    import contextlib
     import threading
 
-    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    autocast = autocast_state()
+    devices = cuda_devices_in_use()
     box: dict = {}
 
     def target():
         try:
-            with contextlib.ExitStack() as stack:
-                if device is not None:
-                    torch.cuda.set_device(device)
-                for d, dtype in autocast:
-                    stack.enter_context(torch.autocast(d, dtype=dtype))
+            for device in devices:
+                torch.cuda.set_device(device)
+            with autocast_as(autocast):
                 box["value"] = fn()
         except BaseException as e:  # handed to the caller
             box["error"] = e
@@ -207,7 +207,6 @@ def _isolated(fn: Callable):
 class _Measured:
     """What the measuring call of a key read (bytes above the step's start)."""
     forward_start: list[int]
-    output_grad: list[int]  # bytes of each block's differentiable outputs (its incoming gradient)
     after_peak: int  # from the last block's return to the model's
     model_end: int  # live at the model's return
     output_bytes: int  # the model's outputs (the caller holds them through the backward)
@@ -229,11 +228,19 @@ class _Measured:
     first_input_grad: bool = True  # the first block has an input that requires grad (else nothing follows its backward)
 
 
+class StepMode(str, Enum):
+    """How a training call runs its blocks."""
+
+    MEASURE = "measure"  # the first call of a key: every block checkpointed, the step's memory read
+    PLANNED = "planned"  # the chain's choice per block
+    FALLBACK = "fallback"  # a block's key differs from the plan's: the rest of the call checkpointed
+
+
 @dataclass
 class _Step:
     root_key: tuple
     resident_bytes: int
-    mode: str  # "measure" (first call of the key), "planned", "fallback" (a block's key differs: checkpointed)
+    mode: "StepMode"
     keys: list = field(default_factory=list)
     choice: ChainChoice | None = None
     expected: tuple | None = None
@@ -251,7 +258,7 @@ class _Step:
 class StepRecord:
     """What one training call ran: its mode, the options by block, the chain's predicted peak (bytes, the step's
     resident bytes included; None for a measuring call)."""
-    mode: str
+    mode: StepMode
     options: list[str]
     predicted_peak_bytes: int | None
     budget_bytes: int
@@ -301,7 +308,7 @@ class InPlaceController:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step", "_open_probe"):
+        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step", "_open_probe", "_say"):
             state.pop(k, None)
         return state
 
@@ -310,12 +317,11 @@ class InPlaceController:
         self._reset_caches()
 
     # ---- reporting ----------------------------------------------------------------------------------------
-    def _say(self, msg: str) -> None:
-        _log.info(msg)
-        if callable(self.progress):
-            self.progress(msg)
-        elif self.progress:
-            print(f"[planner] {msg}", file=sys.stderr, flush=True)
+    @cached_property
+    def _say(self) -> Reporter:
+        """Progress lines, timed from the first: to the logger "planner", and to stderr (progress=True) or to the
+        callable `progress` (planner.core.progress.Reporter, called without its heartbeat)."""
+        return Reporter(self.progress)
 
     def summary(self) -> str:
         last = self.records[-1] if self.records else None
@@ -329,7 +335,7 @@ class InPlaceController:
         if last is not None:
             peak = "" if last.predicted_peak_bytes is None else \
                 f", predicted peak {last.predicted_peak_bytes / GB:.6f} GB"
-            lines.append(f"  last step ({last.mode}){peak}: " + grouped_names(last.options))
+            lines.append(f"  last step ({StepMode(last.mode).value}){peak}: " + grouped_names(last.options))
         return "\n".join(lines)
 
     def explain(self) -> str:
@@ -379,20 +385,11 @@ class InPlaceController:
                 del blk.__dict__["forward"]
 
     def _root_key(self, args, kwargs) -> tuple:
-        leaves, spec = tree_flatten((args, kwargs))
-        metas = []
-        for x in leaves:
-            if isinstance(x, torch.Tensor):
-                metas.append((tuple(x.shape), str(x.dtype), str(x.device), x.requires_grad))
-            else:
-                try:
-                    hash(x)
-                    metas.append((type(x).__name__, x))
-                except TypeError:
-                    metas.append((type(x).__name__,))
-        autocast = tuple((d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda"))
+        """The key of a training call: its structure, its non-tensor values (an unhashable one by its type alone),
+        its tensors' shapes, dtypes, devices and which require grad, the autocast state, the parameters' flags."""
+        flat, _ = FlatCall.of(args, kwargs, strides=False, by_id=False)
         params = tuple((p.requires_grad, str(p.dtype)) for p in self.model.parameters())
-        return (str(spec), tuple(metas), autocast, params)
+        return (flat.key, autocast_state(), params)
 
     def _resident_bytes(self, args, kwargs) -> int:
         m = self.model
@@ -413,7 +410,7 @@ class InPlaceController:
         if not (torch.is_grad_enabled() and module.training):
             return None
         root_key = self._root_key(args, kwargs)
-        step = _Step(root_key, self._resident_bytes(args, kwargs), "planned")
+        step = _Step(root_key, self._resident_bytes(args, kwargs), StepMode.PLANNED)
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if not any(k[0] == root_key for k in self.measured):
             self._start_measuring(step)
@@ -421,10 +418,10 @@ class InPlaceController:
         return None
 
     def _start_measuring(self, step: _Step) -> None:
-        step.mode = "measure"
+        step.mode = StepMode.MEASURE
         device = step.inputs[0].device if step.inputs else next(self.model.parameters()).device
         step.probe = _Probe(device)
-        step.measured = _Measured([], [], 0, 0, 0, 0)
+        step.measured = _Measured([], 0, 0, 0, 0)
         step.grads_before = {id(p) for p in self.model.parameters() if p.grad is not None}
         step.probe.start()
 
@@ -440,7 +437,7 @@ class InPlaceController:
         step = self._step
         if step is None:
             return None
-        if step.mode == "measure" and step.probe is not None:
+        if step.mode is StepMode.MEASURE and step.probe is not None:
             m = step.measured
             m.after_peak = step.offset + step.probe.peak()
             m.model_end = step.offset + step.probe.live()
@@ -457,7 +454,7 @@ class InPlaceController:
             m.used_after = [weakref.ref(p) for p in _parameters_reached(outs, step.block_outputs)]
             step.block_outputs = []
         keys = tuple(step.keys)
-        if step.mode == "measure" and len(step.measured.forward_start) == len(keys):
+        if step.mode is StepMode.MEASURE and len(step.measured.forward_start) == len(keys):
             self.measured[(step.root_key, keys)] = step.measured
         if keys:
             seen = self.seen_keys.setdefault(step.root_key, [])
@@ -465,7 +462,7 @@ class InPlaceController:
                 seen.remove(keys)
             seen.append(keys)
         self.records.append(StepRecord(step.mode, _option_names(self, step), _predicted(step), self.budget_bytes))
-        if step.mode == "measure" and (step.root_key, keys) in self.measured and keys:
+        if step.mode is StepMode.MEASURE and (step.root_key, keys) in self.measured and keys:
             self._check_forward_fits(step.root_key, keys, step.resident_bytes)
         self._step = None
         return None
@@ -610,7 +607,7 @@ class InPlaceController:
         i = len(step.keys)
         call, tensors = BlockCall.of(block, args, kwargs)
         step.keys.append(call.key)
-        if step.mode == "planned" and i == 0:
+        if step.mode is StepMode.PLANNED and i == 0:
             step.expected = next((ks for ks in reversed(self.seen_keys.get(step.root_key, []))
                                   if ks and ks[0] == call.key and (step.root_key, ks) in self.measured), None)
             if step.expected is None:
@@ -623,7 +620,7 @@ class InPlaceController:
                 step.offset_surviving = max(0, earlier.surviving[0] - earlier.first_args_bytes + args_bytes) \
                     if earlier.surviving else step.offset
                 self._start_measuring(step)
-        if step.mode == "measure":
+        if step.mode is StepMode.MEASURE:
             if i == 0:
                 step.measured.first_args_bytes = self._made_in_step_bytes(step, tensors)
             step.measured.forward_start.append(step.offset + step.probe.live())
@@ -638,18 +635,17 @@ class InPlaceController:
             gc.collect()
             self.plan_seconds += time.perf_counter() - t0
             self.profiles[call.key] = prof
-        if step.mode == "planned" and i == 0:
+        if step.mode is StepMode.PLANNED and i == 0:
             step.choice = self._choose(step.root_key, step.expected, step.resident_bytes)
-        if step.mode == "planned" and (i >= len(step.expected) or step.expected[i] != call.key):
-            step.mode = "fallback"
-        if step.mode == "planned":
+        if step.mode is StepMode.PLANNED and (i >= len(step.expected) or step.expected[i] != call.key):
+            step.mode = StepMode.FALLBACK
+        if step.mode is StepMode.PLANNED:
             option = prof.options[step.choice.choice[i]]
         else:
             option = _whole(prof)
         out = option.run(block, tensors)
-        if step.mode == "measure":
+        if step.mode is StepMode.MEASURE:
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-            step.measured.output_grad.append(storage_bytes(outs))
             step.block_outputs += [t.grad_fn for t in outs if t.grad_fn is not None]
             if outs and outs[0].grad_fn is not None:
                 first_in = next((t for t in tensors if t.requires_grad and t.grad_fn is not None), None)
@@ -679,11 +675,11 @@ def _parameters_reached(outputs: list[torch.Tensor], stops: list) -> list[torch.
 
 def _whole(prof: BlockProfile):
     """The checkpointed option (the kept one where the block cannot be checkpointed)."""
-    return next((o for o in prof.options if o.figures.name == "checkpointed"), prof.options[0])
+    return next((o for o in prof.options if o.kind is OptionKind.CHECKPOINTED), prof.options[0])
 
 
 def _option_names(state: InPlaceController, step: _Step) -> list[str]:
-    if step.mode == "planned" and step.choice is not None:
+    if step.mode is StepMode.PLANNED and step.choice is not None:
         return [state.profiles[k].options[c].figures.name for k, c in zip(step.expected, step.choice.choice)]
     return [_whole(state.profiles[k]).figures.name for k in step.keys if k in state.profiles]
 
@@ -724,8 +720,6 @@ class _BlockForward:
 # the public functions
 # ---------------------------------------------------------------------------------------------
 def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
-    from capture.module_tags import repeated_blocks
-
     if blocks is None:
         names = repeated_blocks(model)
         if not names:
@@ -754,16 +748,15 @@ def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_
     """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step
     (see the module docstring); returns the planner (also `inplace_plan(model)`).
 
-    blocks: module names or classes of the blocks (default: planner.whole.candidates.repeated_blocks).
+    blocks: module names or classes of the blocks (default: capture.module_tags.repeated_blocks).
     time_limit_s: per new block shape, for tracing and planning it.
     compile: run planned blocks through inductor (planner.execution.inductor).
     """
-    from planner.whole.api import budget_bytes_from_gb
 
     if _ATTR in model.__dict__:
         raise ValueError("the planner is already enabled on this model: planner.disable(model) first")
     state = InPlaceController(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
-                        time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress)
+                               time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress)
     state._install()
     model.__dict__[_ATTR] = state
     return state

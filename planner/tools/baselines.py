@@ -15,8 +15,8 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from capture.module_tags import repeated_blocks
+from planner.core.candidates import SAVED_BY_SELECTIVE
 from planner.tools.measure import measure_peak_bytes
-from planner.whole.candidates import SAVED_BY_SELECTIVE
 
 
 def per_block_checkpointed(model: torch.nn.Module, *, selective: bool = False) -> torch.nn.Module | None:

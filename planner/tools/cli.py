@@ -122,15 +122,14 @@ def load_size_factory(spec: str):
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from planner.core.progress import Reporter
     from planner.tools.fit import max_batch
     from planner.whole.api import GB
 
     make = load_size_factory(args.factory)
-    t0 = time.perf_counter()
-    fit = max_batch(make, args.budget / GB, max_overhead=args.max_overhead, time_limit_s=args.time_limit,
-                    cost_model=args.cost_model, start=args.start,
-                    progress=lambda msg: print(f"  [{time.perf_counter() - t0:5.1f} s] {msg}", file=sys.stderr,
-                                               flush=True))
+    with Reporter(True) as say:
+        fit = max_batch(make, args.budget / GB, max_overhead=args.max_overhead, time_limit_s=args.time_limit,
+                        cost_model=args.cost_model, start=args.start, progress=say)
     print(fit.summary())
     if fit.n is None:
         return 2
@@ -141,14 +140,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_curve(args: argparse.Namespace) -> int:
+    from planner.core.progress import Reporter
     from planner.tools.curve import overhead_curve
 
     model, sample = load_factory(args.factory)
     t0 = time.perf_counter()
-    curve = overhead_curve(model, sample, points=args.points, cost_model=args.cost_model, time_limit_s=args.time_limit,
-                           torch_compile_budget=args.torch_compile_budget or None,
-                           progress=lambda msg: print(f"  [{time.perf_counter() - t0:5.1f} s] {msg}",
-                                                      file=sys.stderr, flush=True))
+    with Reporter(True) as say:
+        curve = overhead_curve(model, sample, points=args.points, cost_model=args.cost_model,
+                               time_limit_s=args.time_limit, torch_compile_budget=args.torch_compile_budget or None,
+                               progress=say)
     curve.plot(args.out, title=args.factory)
     print(curve.table())
     print(f"drew {args.out} in {time.perf_counter() - t0:.1f} s")
@@ -156,7 +156,7 @@ def cmd_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from planner.whole.plan_type import Plan
+    from planner.core.plan_type import Plan
 
     p = Plan.load(args.plan)
     print(p.explain())

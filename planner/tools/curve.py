@@ -20,9 +20,10 @@ from typing import Callable
 import torch
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from planner.core.plan_type import bound_covers
 from planner.tools.baselines import per_block_checkpointed
+from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, run_step
 from planner.whole.api import GB, LossNotPlannedWarning, plan, smallest_budget
-from planner.whole.plan_type import bound_covers
 
 
 @dataclass
@@ -142,8 +143,6 @@ def _point(model, sample_input, budget_bytes, full, cost_model, time_limit_s, lo
 def _measured_points(model, sample_input, loss_fn, torch_compile_budget, say) -> list[MeasuredPoint]:
     """Per-block checkpointing and torch.compile under `torch_compile_budget` (None: not measured), measured on the
     same step: peak from the allocator's stream (it sees compiled kernels' buffers), step time over eager's."""
-    from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, run_step
-
     others: dict[str, torch.nn.Module] = {}
     wrapped = per_block_checkpointed(model)
     if wrapped is not None:

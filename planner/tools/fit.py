@@ -21,7 +21,8 @@ from capture.call import CallSpec
 from capture.loss_workspace import loss_workspace_bytes
 from capture.module_tags import trace_model
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
-from planner.whole.api import GB, LossNotPlannedWarning, Plan, budget_bytes_from_gb, plan, smallest_budget
+from planner.core.units import GB, budget_bytes_from_gb
+from planner.whole.api import LossNotPlannedWarning, Plan, plan, smallest_budget
 
 
 @dataclass

@@ -146,12 +146,6 @@ class StepTime:
     samples_s: list[float]
 
 
-def measure_step_seconds(module: torch.nn.Module, inputs, loss_fn: Callable | None = None, *,
-                         repeats: int = 7, warmup: int = 2) -> StepTime:
-    """Median wall time of one step over `repeats` runs after `warmup` runs (CUDA synchronised)."""
-    return interleaved_step_seconds({"module": module}, inputs, loss_fn, repeats=repeats, warmup=warmup)["module"]
-
-
 def interleaved_step_seconds(modules: dict, inputs, loss_fn: Callable | None = None, *, repeats: int = 7,
                              warmup: int = 2) -> dict[str, StepTime]:
     """Median step time of several modules measured in turns (round robin), so that machine noise

@@ -1,17 +1,14 @@
 """The public API: `plan(model, sample_input, budget_gb)` -> `Plan`, and the smallest budget a plan can meet.
 
 Units: budgets are given in gigabytes at this edge only, 1 GB = 10^9 bytes; everything inside is bytes.
-plan() reads top to bottom: trace the model (capture.module_tags) -> the planning problem of that trace
-(planner.core.problem: the solver graph, the executor's exact view) -> solve -> finalise (the schedule as the
-executor runs it) -> build the step's halves once (execution.step_builder) -> a Plan (whole.plan_type), whose
-`apply(model)` returns the drop-in module (planner.execution.runtime).
+plan() is validation, warnings and the fingerprint around the solving core: trace the model
+(capture.module_tags) -> the planning problem of that trace (core.problem) -> the checkpointing candidates
+(whole.candidates) -> solve, finalise and build the step once (core.solve) -> a Plan (core.plan_type), whose
+`apply(model)` returns the drop-in module (execution.runtime).
 """
 from __future__ import annotations
 
-import math
-import time
 import warnings
-from fractions import Fraction
 from typing import Callable
 
 import torch
@@ -19,28 +16,15 @@ import torch
 from capture.call import CallSpec
 from capture.loss_workspace import loss_workspace_bytes
 from capture.module_tags import node_modules, trace_model
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
-from graphs.simulate import reference_peak_bytes
-from planner.core.problem import GraphKind, PlanningProblem, SmallestBudget
+from graphs.errors import RematError
+from planner.core.candidates import checkpoint_candidates
+from planner.core.plan_type import Plan, fingerprint
+from planner.core.problem import PlanningProblem, SmallestBudget
 from planner.core.progress import Reporter
-from planner.core.solver_graph import split_position, traced_sequence
-from planner.execution.step_builder import build_step
-from planner.whole.candidates import checkpoint_candidates
-from planner.whole.plan_type import GB, Plan, fingerprint
-from solvers.base import FLOOR_REASON, solve
+from planner.core.solve import solve_problem
+from planner.core.units import GB, budget_bytes_from_gb
 
 COST_MODELS = ("auto", "flops", "time", "roofline")
-FIRST_SOLVE_SHARE = 0.75  # of plan()'s time limit, for the first solve of a graph with secondary outputs
-
-
-def budget_bytes_from_gb(budget_gb: float) -> int:
-    """floor(budget_gb x 10^9), read in decimal so that 1.5 GB is exactly 1_500_000_000 bytes."""
-    if isinstance(budget_gb, bool) or not isinstance(budget_gb, (int, float, Fraction)):
-        raise TypeError(f"budget_gb must be a number, not {type(budget_gb).__name__}")
-    value = Fraction(str(budget_gb)) if isinstance(budget_gb, float) else Fraction(budget_gb)
-    if value <= 0:
-        raise ValueError(f"budget_gb must be > 0, got {budget_gb}")
-    return math.floor(value * GB)
 
 
 def smallest_budget(plan_or_traced, time_limit_s: float = 30.0, *, loss_bytes: int = 0) -> SmallestBudget:
@@ -114,94 +98,11 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
     modules = node_modules(traced)  # graph node -> its module: the plan's report, the blocks of the candidates
     say(f"solving: {traced.graph.n} nodes, budget {budget_bytes / GB:.6f} GB, solver {solver}, "
         f"limit {time_limit_s:g} s")
-    t0 = time.perf_counter()
-    result = problem.keep_all(budget_bytes) if solver == "auto" else None
-    if result is not None:
-        kind = GraphKind.EXACT
-    else:
-        # the schedules the user would otherwise write (per-block and selective checkpointing) join auto's portfolio,
-        # and are checked on the exact view too: never a costlier plan, nor none, where one of them fits
-        candidates = checkpoint_candidates(model, traced, problem.solver_graph, modules) if solver == "auto" else []
-        fallback = problem.best_candidate(budget_bytes, candidates) if candidates else None
-        try:
-            kind, result = _solve(problem, budget_bytes, solver, time_limit_s, t0, say, candidates,
-                                  have_fallback=fallback is not None)
-        except (InfeasibleBudgetError, NoSolutionInTimeError) as e:
-            if fallback is None:
-                raise
-            say(f"auto found nothing cheaper ({type(e).__name__}); taking {fallback.solver}")
-            kind, result = GraphKind.EXACT, fallback
-        else:
-            if fallback is not None and fallback.total_cost < result.total_cost * (1 - 1e-12):
-                say(f"{fallback.solver} costs less than auto's schedule: taking it")
-                kind, result = GraphKind.EXACT, fallback
-    graph = problem.graph(kind)
-    done = problem.finalise(graph, result)
-    seq = done.executor_computes
-    say("building the step")
-    # the step's halves, built once: plan() fails here if the executor cannot run the schedule, apply() uses them
-    halves = build_step(traced, traced_sequence(graph, seq, traced.graph.n), split_position(graph, seq, traced.graph.n))
-    return Plan(graph=graph, result=done.result, fingerprint=fingerprint(model, inputs), cost_model=cm,
-                exact_peak_bytes=done.exact_peak_bytes, traced_nodes=traced.graph.n, graph_kind=kind,
-                executor_computes=None if seq == list(done.result.schedule.computes) else seq,
-                loss_bytes=loss_bytes, modules=modules, trace_seconds=traced.trace_seconds,
-                reference_peak_bytes=reference_peak_bytes(problem.solver_graph), traced=traced, problem=problem,
-                halves=halves)
-
-
-def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_s: float, t0: float,
-           say: Reporter, candidates: list[tuple[str, dict]], have_fallback: bool = False):
-    """(the graph kind, the result) of solving the problem's solver graph, and, where what the executor holds for
-    that schedule does not fit, its pinned graph in the time left. Raises InfeasibleBudgetError naming the smallest
-    budget known to work, NoSolutionInTimeError where no time is left for the fallback."""
-    # a schedule that recomputes a secondary output may have to be solved again with it pinned: keep time for that
-    first_limit = time_limit_s * FIRST_SOLVE_SHARE if problem.secondaries else time_limit_s
-    graph = problem.solver_graph
-    options: dict = {"progress": say.search} if solver == "auto" and say.active else {}
-    if candidates:
-        options["candidates"] = candidates
-    try:
-        try:
-            result = solve(graph, budget_bytes, solver, time_limit_s=first_limit, **options)
-        except NoSolutionInTimeError:
-            left = time_limit_s - (time.perf_counter() - t0)
-            if have_fallback or left < 1.0:
-                raise
-            # the share kept for a second solve is not needed when the first found nothing: search on with it
-            say(f"nothing found yet: searching on for the {left:.0f} s left")
-            result = solve(graph, budget_bytes, solver, time_limit_s=left, **options)
-    except InfeasibleBudgetError as e:
-        if have_fallback:
-            raise
-        # naming the minimum need not cost the whole time limit again
-        left = max(5.0, min(time_limit_s / 2, time_limit_s - (time.perf_counter() - t0)))
-        say(f"infeasible; finding the smallest feasible budget ({left:.0f} s at most)")
-        found = problem.smallest_budget(left)
-        smallest, how, by = found.budget_bytes, found.proof, found.solver
-        if smallest is None and e.min_budget_bytes is not None and not e.reason.startswith(FLOOR_REASON):
-            smallest, how, by = e.min_budget_bytes, e.reason, solver
-        if smallest is None:  # the proof stands; the search for a budget that works found none in its time
-            raise InfeasibleBudgetError(
-                budget_bytes, None, solver,
-                f"budget {budget_bytes / GB:.9f} GB: {e.reason}; no budget known to work was found in {left:.0f} s; "
-                f"{how}") from e
-        gb = f"{smallest / GB:.9f} GB ({smallest} bytes)"
-        if by not in (None, solver):
-            gb += f", met by solver '{by}'"
-        raise InfeasibleBudgetError(
-            budget_bytes, smallest, solver,
-            f"budget {budget_bytes / GB:.9f} GB is below the smallest feasible budget {gb}; {how}") from e
-    executable = problem.executable(graph, result)
-    if executable is not None:
-        return GraphKind.SOLVER, executable
-    left = time_limit_s - (time.perf_counter() - t0)
-    if left <= 0:
-        raise NoSolutionInTimeError(
-            f"{solver}: the schedule found recomputes a secondary output whose op's result the executor would "
-            "keep alive, and no time is left to solve again without it", budget_bytes=budget_bytes,
-            seconds=time.perf_counter() - t0)
-    say("the executor cannot hold that schedule within the budget: solving again with secondary outputs pinned")
-    return GraphKind.PINNED, solve(problem.pinned_graph, budget_bytes, solver, time_limit_s=left, **options)
+    # the schedules the user would otherwise write (per-block and selective checkpointing) join auto's portfolio
+    candidates = checkpoint_candidates(model, traced, problem.solver_graph, modules) if solver == "auto" else []
+    solved = solve_problem(problem, budget_bytes, solver=solver, time_limit_s=time_limit_s, candidates=candidates,
+                           say=say, search_progress=say.search if say.active else None)
+    return Plan.of(solved, problem, fingerprint=fingerprint(model, inputs), cost_model=cm, modules=modules)
 
 
 def _resolve_cost_model(cost_model: str) -> str:

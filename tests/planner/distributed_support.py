@@ -120,7 +120,7 @@ def rank_batch(rank: int, step: int = 0, *, batch: int = BATCH, seq: int = SEQ) 
 
 
 def block_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks (planner.whole.candidates.repeated_blocks), in order."""
+    """The model's repeated blocks (planner.core.candidates.repeated_blocks), in order."""
     from capture.module_tags import repeated_blocks
 
     return [model.get_submodule(n) for n in repeated_blocks(model)]

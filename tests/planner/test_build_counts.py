@@ -1,16 +1,19 @@
 """plan() builds what it needs once: one solver graph per solve (a fallback to the pinned graph adds one; the
 executor's exact view is derived from the solver graph, not built), one walk of the trace for the multi-output ops,
-and the step's fx halves once across plan(), apply() and the first call."""
+and the step's fx halves once across plan(), apply() and the first call. The in-place profiler builds, per block
+shape, one planning problem and one solver graph for all the options it solves, and never calls the public plan()."""
 from __future__ import annotations
 
 import copy
 
 import pytest
+import torch
 
+import planner
+import planner.core.plan_type as plan_module
 import planner.core.problem as problem_module
+import planner.core.solve as solve_module
 import planner.execution.runtime as runtime_module
-import planner.whole.api as api_module
-import planner.whole.plan_type as plan_module
 from graphs.errors import InfeasibleBudgetError
 from harness.eager_compare import step_state
 from planner import GB, Plan, plan
@@ -34,7 +37,7 @@ def counts(monkeypatch):
     monkeypatch.setattr(problem_module, "secondary_outputs",
                         counting("secondary_outputs", problem_module.secondary_outputs))
     build = counting("build_step", plan_module.build_step)
-    for module in (api_module, plan_module, runtime_module):
+    for module in (solve_module, plan_module, runtime_module):
         monkeypatch.setattr(module, "build_step", build)
     return seen
 
@@ -102,3 +105,37 @@ def test_apply_for_inductor_builds_its_halves_once(gpt, counts):
     model, x, full = gpt
     step = full.apply(copy.deepcopy(model), compile=True)
     assert counts["build_step"] == 1 and step._halves is not None  # compiled by inductor at the first call
+
+
+def test_the_in_place_profiler_builds_one_problem_and_one_graph_per_block_shape(counts, monkeypatch):
+    """Two block shapes (two sequence lengths), each planned at every fraction a schedule meets: two problems, two
+    solver graphs, one step build per planned option, and no call of the public plan()."""
+    import planner.inplace.block_region as region_module
+    import planner.whole.api as api_module
+
+    problems = []
+    real = region_module.PlanningProblem
+
+    def counting_problem(*args, **kwargs):
+        problems.append(real(*args, **kwargs))
+        return problems[-1]
+
+    monkeypatch.setattr(region_module, "PlanningProblem", counting_problem)
+    monkeypatch.setattr(api_module, "plan", lambda *a, **k: pytest.fail("the in-place planner called plan()"))
+    pytest.importorskip("transformers")
+    from examples.hf_zoo import build
+
+    model, batch = build("llama", "test")
+    batch["labels"] = batch["input_ids"].clone()
+    ctl = planner.enable(model, budget_gb=1000.0, time_limit_s=2.0)
+    try:
+        for length in (64, 24):  # two block shapes
+            model(**{k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}).loss.backward()
+        profiles = list(ctl.profiles.values())
+        assert len(profiles) == 2 and len(problems) == 2
+        planned = sum(len(p.plans) for p in profiles)
+        assert planned >= 2  # an option planned below the block's peak for each shape (the counts below mean it)
+        assert counts["solver_graph"] == 2 and counts["secondary_outputs"] == 2
+        assert counts["build_step"] == planned
+    finally:
+        planner.disable(model)

@@ -14,9 +14,9 @@ from graphs.schedule import Schedule
 from graphs.simulate import simulate
 from harness.eager_compare import step_state
 from planner import GB, plan
+from planner.core.candidates import checkpoint_candidates
 from planner.tools.baselines import per_block_checkpointed
 from planner.tools.measure import measure_peak_bytes
-from planner.whole.candidates import checkpoint_candidates
 from solvers.heuristics.block_checkpoint import block_checkpoint_sequence
 from tests.models import make_gpt
 from tests.planner.helpers import assert_same_state

@@ -9,8 +9,8 @@ import torch
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import relative_difference, step_state
 from planner import GB, plan
+from planner.core.plan_type import Plan
 from planner.tools.measure import allocator_peak_bytes, measure_peak_bytes
-from planner.whole.plan_type import Plan
 from tests.models import make_gpt
 from tests.planner.helpers import TIME_LIMIT_S
 

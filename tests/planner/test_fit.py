@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from planner.core.plan_type import GB
 from planner.tools.baselines import largest_checkpointed_size
 from planner.tools.fit import max_batch
 from planner.tools.measure import measure_peak_bytes
-from planner.whole.plan_type import GB
 from tests.models import make_cnn, make_gpt
 
 pytestmark = pytest.mark.filterwarnings("ignore::planner.whole.api.LossNotPlannedWarning")
@@ -57,8 +57,8 @@ def test_nothing_fits_a_tiny_budget():
 
 
 def test_fit_command_prints_the_answer_and_writes_its_plan(tmp_path, capsys):
+    from planner.core.plan_type import Plan
     from planner.tools.cli import main
-    from planner.whole.plan_type import Plan
     model, x = make_gpt(batch=2)
     budget = measure_peak_bytes(model, x)
     out = tmp_path / "fit.json"

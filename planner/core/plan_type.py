@@ -19,17 +19,19 @@ import torch
 
 from capture.call import CallSpec
 from capture.module_tags import trace_model
+from capture.state import autocast_state
 from graphs.errors import PlanMismatchError, ScheduleFormatError
 from graphs.ir import Graph
 from graphs.result import SolveResult
 from graphs.schedule import Schedule, Status
 from graphs.schedule_json import load_result, result_to_dict
+from graphs.simulate import reference_peak_bytes
 from planner.core.problem import GraphKind, PlanningProblem
 from planner.core.solver_graph import split_position, traced_sequence
-from planner.execution.runtime import PlannedModule, autocast_state
+from planner.core.units import GB
+from planner.execution.runtime import PlannedModule
 from planner.execution.step_builder import StepHalves, build_step
 
-GB = 10**9
 EXTRA_KEY = "planner"
 
 
@@ -43,7 +45,7 @@ def fingerprint(model: torch.nn.Module, inputs: tuple | None) -> dict:
     }
     if inputs is not None:
         fp["inputs"] = [[list(t.shape), str(t.dtype)] for t in inputs]
-        fp["autocast"] = autocast_state()
+        fp["autocast"] = [list(s) for s in autocast_state()]  # JSON: [device, dtype] lists
     return fp
 
 
@@ -86,6 +88,20 @@ class Plan:
     traced: Any = field(default=None, repr=False, compare=False)
     problem: PlanningProblem | None = field(default=None, repr=False, compare=False)
     halves: StepHalves | None = field(default=None, repr=False, compare=False)  # built by plan(), used by apply()
+
+    @classmethod
+    def of(cls, solved, problem: PlanningProblem, *, fingerprint: dict, cost_model: str,
+           modules: dict[int, str] | None = None) -> "Plan":
+        """The plan of a problem solved by the core (`planner.core.solve.Solved`), for the model and input that
+        `fingerprint` describes."""
+        traced = problem.traced
+        seq = solved.executor_computes
+        return cls(graph=solved.graph, result=solved.result, fingerprint=fingerprint, cost_model=cost_model,
+                   exact_peak_bytes=solved.exact_peak_bytes, traced_nodes=traced.graph.n, graph_kind=solved.kind,
+                   executor_computes=None if seq == list(solved.result.schedule.computes) else seq,
+                   loss_bytes=problem.loss_bytes, modules=dict(modules or {}), trace_seconds=traced.trace_seconds,
+                   reference_peak_bytes=reference_peak_bytes(problem.solver_graph), traced=traced, problem=problem,
+                   halves=solved.halves)
 
     # ---- figures ------------------------------------------------------------------------------
     @property
