@@ -93,19 +93,19 @@ def test_auto_proves_a_forced_recomputation_case_and_its_bound_is_below_the_true
 
 
 def test_auto_on_a_small_training_graph_runs_cpsat_over_the_wider_family_first(bench_dir):
-    # segnet at 0.5: no heuristic meets the forced bound, so auto reaches its exact step; on training graphs of up to
-    # MILP_MAX_NODES nodes that is CP-SAT with three computations per value first (it proved 40.66 % in 1 s where
-    # the MILP took 51 s). Only what must hold is asserted: how far CP-SAT gets depends on the machine's speed.
+    # segnet at 0.5: no heuristic meets the forced bound, so auto reaches its exact step; on training graphs of up
+    # to CONFIG.milp_max_nodes nodes that is CP-SAT with three computations per value first (it proved 40.66 % in 1 s
+    # where the MILP took 51 s). Only what must hold is asserted: how far CP-SAT gets depends on the machine's speed.
     from graphs.benchmarks import load_benchmark
     from graphs.simulate import budget_from_multiplier
-    from solvers.auto import MILP_MAX_NODES, WIDER_COMPUTATIONS
+    from solvers.auto import CONFIG
 
     g = load_benchmark(bench_dir / "segnet.json")
-    assert g.n <= MILP_MAX_NODES
+    assert g.n <= CONFIG.milp_max_nodes
     budget = budget_from_multiplier(g, 0.5)
     res = solve(g, budget, "auto", time_limit_s=30)
     exact = [t for t in res.info["tried"] if t["solver"] in ("cpsat", "milp")]
-    assert exact and exact[0]["solver"] == "cpsat" and exact[0].get("max_computations") == WIDER_COMPUTATIONS
+    assert exact and exact[0]["solver"] == "cpsat" and exact[0].get("max_computations") == CONFIG.wider_computations
     assert not any(t["solver"] == "milp" for t in res.info["tried"])
     costs = [t["total_cost"] for t in res.info["tried"] if t.get("total_cost") is not None]
     assert res.total_cost <= min(costs) + 1e-9 and res.peak_bytes <= budget
@@ -149,7 +149,7 @@ def test_auto_on_a_large_block_graph_uses_the_block_program_and_beats_the_dtr_ba
     from graphs.generate import decoder_training_graph
     from graphs.simulate import budget_from_multiplier
 
-    g = decoder_training_graph(16, seed=4)  # 421 nodes: above CPSAT_MAX_NODES, no whole-graph exact solver runs
+    g = decoder_training_graph(16, seed=4)  # 421 nodes: above CONFIG.cpsat_max_nodes, no whole-graph exact solver runs
     budget = budget_from_multiplier(g, frac)
     r = solve(g, budget, "auto", time_limit_s=15)
     names = [t["solver"] for t in r.info["tried"]]
@@ -207,3 +207,26 @@ def test_auto_never_calls_a_family_optimum_optimal():
         assert res.total_cost <= res.lower_bound_cost * (1 + 1e-9) + 1e-9
     elif res.status is Status.OPTIMAL_IN_FAMILY:
         assert "family" in res.info["bound_scope"] and "bound for:" in res.summary()
+
+
+def test_auto_runs_with_the_config_it_finds_at_each_call_and_a_fresh_portfolio(monkeypatch):
+    # every constant is a field of one frozen object; a replaced CONFIG changes what the next call runs (here: the
+    # fast heuristics), and nothing one call tried carries over to the next
+    import dataclasses
+
+    import solvers.auto
+    from solvers.auto_config import AutoConfig
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        solvers.auto.CONFIG.fast_share = 1.0
+    assert solvers.auto.CONFIG == AutoConfig()
+    g = linear_training_graph(4)
+    budget = int(0.8 * reference_peak_bytes(g))
+    default = solve(g, budget, "auto", time_limit_s=5)
+    assert "chen_greedy" in {t["solver"] for t in default.info["tried"]}
+    monkeypatch.setattr(solvers.auto, "CONFIG", dataclasses.replace(solvers.auto.CONFIG, fast_heuristics=("dtr",)))
+    res = solve(g, budget, "auto", time_limit_s=5)
+    names = [t["solver"] for t in res.info["tried"]]
+    assert "dtr" in names and not {"chen_greedy", "chen_greedy_linear", "dtr_local", "lowest_memory"} & set(names)
+    assert res.info["tried"] is not default.info["tried"] and names.count("checkpoint_all") == 1
+    assert res.peak_bytes <= budget
