@@ -7,7 +7,8 @@ as `use_cache=False`) are constants of the traced graph, and a call with other v
 
 `FlatCall` is any call (args, kwargs) flattened with torch's pytree: its structure and non-tensor leaves (each tensor
 a `TENSOR` slot), a hashable key, and `rebuild(tensors)`. A planned block's call, a random op's arguments and the
-in-place planner's key of a training call are each one.
+in-place planner's key of a training call are each one. A key/value cache object (capture.kv_cache.is_cache) is one
+leaf, keyed by its class alone: a fresh cache per call (as transformers models make one) keeps the key.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from capture.kv_cache import is_cache
 from graphs.errors import SpecialisationError, TraceError
 
 
@@ -107,8 +109,9 @@ class FlatCall:
 
     constants: the leaves, `TENSOR` where a tensor goes. key: hashable, equal for calls of one structure with equal
     non-tensor leaves and tensors of equal metadata: the structure, each tensor's `tensor_meta`, each other leaf's
-    type and value, or, where it cannot be hashed, its type and id (by_id=False: its type alone). hashable: every
-    non-tensor leaf can be hashed (else calls cannot be compared by value: a cache object, say)."""
+    type and value, or, where it cannot be hashed, its type and id (by_id=False: its type alone); a key/value cache
+    (capture.kv_cache.is_cache: one leaf, whatever pytree knows of its class) its type alone, whatever it holds.
+    hashable: every other non-tensor leaf can be hashed (else calls cannot be compared by value)."""
 
     spec: Any  # the pytree spec of (args, kwargs)
     constants: tuple
@@ -120,7 +123,7 @@ class FlatCall:
            leaf_type: type = torch.Tensor) -> tuple["FlatCall", list]:
         """The flat call and its tensors in order; `leaf_type` says what a tensor is (torch.fx.Node for an fx
         node's arguments, keyed by position alone)."""
-        leaves, spec = tree_flatten((tuple(args), dict(kwargs or {})))
+        leaves, spec = tree_flatten((tuple(args), dict(kwargs or {})), is_leaf=is_cache)
         tensors = [x for x in leaves if isinstance(x, leaf_type)]
         constants = tuple(TENSOR if isinstance(x, leaf_type) else x for x in leaves)
         hashable = True
@@ -128,6 +131,9 @@ class FlatCall:
         for x in leaves:
             if isinstance(x, leaf_type):
                 parts.append(("tensor", *tensor_meta(x, strides)) if isinstance(x, torch.Tensor) else ("tensor",))
+                continue
+            if is_cache(x):
+                parts.append((type(x).__name__, "cache"))
                 continue
             try:
                 hash(x)

@@ -3,9 +3,15 @@ generators and buffers that a measurement or a trace must leave as it found them
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import random
+from typing import Any, Iterator
 
 import torch
+
+try:  # a project dependency; the generators are restored without it all the same
+    import numpy
+except ImportError:  # pragma: no cover
+    numpy = None
 
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -35,18 +41,45 @@ def cuda_devices_in_use() -> list[int]:
     return [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
 
 
+def host_rng_state() -> tuple[Any, Any]:
+    """The state of Python's global generator (`random`) and of numpy's (`numpy.random`; None without numpy): the
+    generators a forward may draw from besides torch's."""
+    return random.getstate(), (numpy.random.get_state() if numpy is not None else None)
+
+
+def set_host_rng_state(state: tuple[Any, Any]) -> None:
+    """Put Python's and numpy's global generators back to `state` (as `host_rng_state()` returned it)."""
+    python_state, numpy_state = state
+    random.setstate(python_state)
+    if numpy is not None and numpy_state is not None:
+        numpy.random.set_state(numpy_state)
+
+
+def same_host_rng(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
+    """Whether two `host_rng_state()` results are one state (nothing was drawn between them)."""
+    (python_a, numpy_a), (python_b, numpy_b) = a, b
+    if python_a != python_b or (numpy_a is None) != (numpy_b is None):
+        return False
+    return numpy_a is None or (tuple(numpy_a[2:]) == tuple(numpy_b[2:]) and numpy_a[0] == numpy_b[0]
+                               and bool((numpy_a[1] == numpy_b[1]).all()))
+
+
 @contextlib.contextmanager
 def restored_rng(devices=()) -> Iterator[None]:
     """The CPU generator and the CUDA ones in use (and of `devices`, CUDA indices) restored on exit, whatever ran
-    (torch.random.fork_rng)."""
-    with torch.random.fork_rng(devices=sorted(set(cuda_devices_in_use()) | set(devices))):
-        yield
+    (torch.random.fork_rng), and Python's and numpy's global generators (`host_rng_state`)."""
+    host = host_rng_state()
+    try:
+        with torch.random.fork_rng(devices=sorted(set(cuda_devices_in_use()) | set(devices))):
+            yield
+    finally:
+        set_host_rng_state(host)
 
 
 @contextlib.contextmanager
 def restored(module: torch.nn.Module, devices=()) -> Iterator[None]:
-    """Run work that must leave no trace: the generators (CPU and CUDA) and the module's buffers (BatchNorm's running
-    statistics, a step counter) restored on exit."""
+    """Run work that must leave no trace: the generators (torch's CPU and CUDA ones, Python's, numpy's) and the
+    module's buffers (BatchNorm's running statistics, a step counter) restored on exit."""
     saved = {n: b.detach().clone() for n, b in module.named_buffers()}
     with restored_rng(devices):
         try:

@@ -4,36 +4,38 @@ The in-place planner (planner.inplace.controller) runs every repeated block thro
 
 - "kept": the block's own forward, everything kept for the backward (eager);
 - "checkpointed": torch.utils.checkpoint around the whole block (non-reentrant, RNG state preserved): only the
-  input is kept, the block runs again for its backward;
+  input is kept, the block runs again for its backward (`recomputable`: from the Python, numpy and buffer state its
+  forward began with, the step's state put back after, so the user's state is updated once, as eager does);
 - "planned@<fraction>": a schedule the solving core (planner.core.solve) made for the block alone at that fraction of
   its no-recomputation peak, run by the executor (planner.execution.runtime.PlannedModule) on the block's live
   parameters.
 
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
-which require grad, the non-tensor arguments, the autocast state, the block's mode and which of its parameters
-require grad, with their dtypes): calls with one key share one profile. `profile_block` traces the block once at
-that call, solves its one planning problem at a few budgets and measures each option on one real forward and
-backward of the block under a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG
-and buffers restored): what it stashes, what its forward and backward hold at once, and what it computes again (in
-the trace's cost unit; the whole forward for "checkpointed"). A block that cannot be traced keeps the two
-whole-block options, with the reason.
+which require grad, the non-tensor arguments, a key/value cache by its class alone, the autocast state, the block's
+mode and which of its parameters require grad, with their dtypes): calls with one key share one profile.
+`profile_block` traces the block once at that call, solves its one planning problem at a few budgets and measures
+each option on one real forward and backward of the block under a storage tracker (gradients taken with
+torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what it stashes, what its forward and
+backward hold at once, and what it computes again (in the trace's cost unit; the whole forward for "checkpointed").
+A block that cannot be traced keeps the two whole-block options, with the reason.
 """
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_unflatten
 
-from capture.call import FlatCall
+from capture.call import TENSOR, FlatCall
+from capture.kv_cache import is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import StorageTracker, storage_bytes
 from capture.module_tags import node_modules, trace_model
-from capture.state import autocast_state, restored
-from graphs.errors import RematError
+from capture.state import autocast_state, host_rng_state, restored, same_host_rng, set_host_rng_state
+from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
 from planner.core.candidates import checkpoint_candidates
 from planner.core.plan_type import Plan, fingerprint
@@ -57,23 +59,44 @@ def _state_key(block: torch.nn.Module) -> tuple:
 
 @dataclass(frozen=True)
 class BlockCall:
-    """A block's call (capture.call.FlatCall) and its key: the call's and the block's state (`_state_key`)."""
+    """A block's call (capture.call.FlatCall) and its key: the call's and the block's state (`_state_key`).
+
+    Key/value cache objects among the arguments (capture.kv_cache.is_cache; keyed by their class) are not part of
+    the call the planner traces: `flat` holds None in their places, and `caches` this call's objects, which only
+    the kept and checkpointed options are given (a profile keeps `bare()`, without them)."""
 
     flat: FlatCall
     key: tuple
+    cache_slots: tuple[int, ...] = ()  # where the cache objects go among flat's leaves
+    caches: tuple = field(default=(), compare=False, repr=False)  # this call's, in those places
 
     @property
     def plannable(self) -> bool:
-        """False when a non-tensor argument cannot be compared (a cache object): the block runs eager."""
+        """False when a non-tensor argument cannot be compared: the block runs eager."""
         return self.flat.hashable
 
     @staticmethod
     def of(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple["BlockCall", list[torch.Tensor]]:
         flat, tensors = FlatCall.of(args, kwargs)
-        return BlockCall(flat, (flat.key, _state_key(block))), tensors
+        slots = tuple(i for i, c in enumerate(flat.constants) if is_cache(c))
+        caches = tuple(flat.constants[i] for i in slots)
+        if slots:
+            flat = replace(flat, constants=tuple(None if i in slots else c for i, c in enumerate(flat.constants)))
+        return BlockCall(flat, (flat.key, _state_key(block)), slots, caches), tensors
 
-    def rebuild(self, tensors) -> tuple[tuple, dict]:
-        return self.flat.rebuild(tensors)
+    def bare(self) -> "BlockCall":
+        """This call without its cache objects."""
+        return replace(self, caches=()) if self.caches else self
+
+    def rebuild(self, tensors, caches=()) -> tuple[tuple, dict]:
+        """(args, kwargs) with `tensors` in their places and `caches` in theirs (None where not given)."""
+        if not (self.cache_slots and caches):
+            return self.flat.rebuild(tensors)
+        it = iter(tensors)
+        leaves = [next(it) if c is TENSOR else c for c in self.flat.constants]
+        for i, c in zip(self.cache_slots, caches):
+            leaves[i] = c
+        return tree_unflatten(leaves, self.flat.spec)
 
 
 class _Region(torch.nn.Module):
@@ -101,11 +124,12 @@ class OptionKind(str, Enum):
 
 @dataclass
 class Option:
-    """An option with its runner: `run(block, tensors) -> output`, inside the block's forward (one profile serves
-    every block called with its key)."""
+    """An option with its runner: `run(block, tensors, caches=()) -> output`, inside the block's forward (one profile
+    serves every block called with its key; `caches`, the call's cache objects (BlockCall.caches), reach the kept
+    and checkpointed options, None takes their place where not given)."""
     kind: OptionKind
     figures: BlockOption
-    run: Callable[[torch.nn.Module, list[torch.Tensor]], Any] = field(repr=False)
+    run: Callable[..., Any] = field(repr=False)
 
 
 @dataclass
@@ -122,18 +146,87 @@ class BlockProfile:
         return [o.figures for o in self.options]
 
 
-def _checkpointed_runner(call: BlockCall):
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor: no counter (and no in-place update outside inference mode)
+        return None
+
+
+class BufferUpdates:
+    """The buffers (their names in the block) a block's forward was seen to update; None before any call was watched.
+    One per profile, shared by its runners: the profile's kept measurement teaches it before any recomputing option
+    runs, each checkpointed forward adds to it."""
+
+    def __init__(self):
+        self.names: set[str] | None = None
+
+    def run(self, block: torch.nn.Module, values: dict, fn: Callable, *args, **kwargs) -> tuple[Any, set[str]]:
+        """`fn(*args, **kwargs)` watched: (its output, the names of the block's buffers it updated: replaced, moved
+        their version counter, or, of those `values` holds copies of from before, changed value; batch_norm updates
+        the running statistics without moving their counters)."""
+        before = {n: (b, _version(b)) for n, b in block.named_buffers()}
+        out = fn(*args, **kwargs)
+        updated = {n for n, b in block.named_buffers()
+                   if n not in before or before[n][0] is not b or before[n][1] != _version(b)
+                   or (n in values and not torch.equal(b, values[n]))}
+        self.names = updated if self.names is None else self.names | updated
+        return out, updated
+
+
+def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdates | None = None) -> Callable:
+    """`forward` (the block's) as torch.utils.checkpoint is to run it, made for one checkpoint call: the user's state
+    is consumed and updated once, as eager does. Its first call (the forward) records Python's and numpy's generators
+    and copies the block's buffers that `updates` says the forward updates (all of them while it knows none), keeping
+    the copies of those the forward did update. Each later call (a recomputation) runs from the generators' recorded
+    states with fresh copies of those buffers in their place, then puts back the step's buffers and the generators as
+    they were before it. torch's generators are checkpoint's (preserve_rng_state)."""
+    saved: list = []  # this call's: [(Python's and numpy's states, {buffer name: its value before the forward})]
+
+    def run(*args, **kwargs):
+        if not saved:  # the forward
+            names = updates.names if updates is not None else None
+            before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names}
+            saved.append((host_rng_state(), before))
+            # values compared (a device sync each) only while no update is known: then the copies not updated go
+            out, updated = (updates or BufferUpdates()).run(block, before if names is None else {}, forward, *args,
+                                                             **kwargs)
+            if names is None:
+                saved[0] = (saved[0][0], {n: v for n, v in before.items() if n in updated})
+            return out
+        host, before = saved[0]
+        now = host_rng_state()
+        swapped = []
+        set_host_rng_state(host)
+        try:
+            for name, value in before.items():
+                path, _, local = name.rpartition(".")
+                owner = block.get_submodule(path)
+                if local in owner._buffers:
+                    swapped.append((owner, local, owner._buffers[local]))
+                    owner._buffers[local] = value.clone()  # the recomputation updates a copy, not the step's
+            return forward(*args, **kwargs)
+        finally:
+            for owner, local, value in reversed(swapped):
+                owner._buffers[local] = value
+            set_host_rng_state(now)
+    return run
+
+
+def _checkpointed_runner(call: BlockCall, updates: BufferUpdates | None = None):
     from torch.utils.checkpoint import checkpoint
 
-    def run(block, tensors):
-        args, kwargs = call.rebuild(tensors)
-        return checkpoint(original_forward(block), *args, use_reentrant=False, **kwargs)
+    def run(block, tensors, caches=()):
+        args, kwargs = call.rebuild(tensors, caches)
+        # the caches' updates are the forward's alone (capture.kv_cache), composed with `recomputable`
+        forward, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
+        return checkpoint(recomputable(forward, block, updates), *args, use_reentrant=False, **kwargs)
     return run
 
 
 def _kept_runner(call: BlockCall):
-    def run(block, tensors):
-        args, kwargs = call.rebuild(tensors)
+    def run(block, tensors, caches=()):
+        args, kwargs = call.rebuild(tensors, caches)
         return original_forward(block)(*args, **kwargs)
     return run
 
@@ -185,21 +278,42 @@ def _planned_runner(p, region: _Region, compile: bool):
     pointed at that block, so its parameters and buffers are read from it."""
     module = p.apply(region, compile=compile)
 
-    def run(block, tensors):
+    def run(block, tensors, caches=()):  # the schedule's trace saw no cache: None in its place, the cache not updated
         if region.block is not block:
             region.block = block
         return module(*tensors)
     return run
 
 
-def _forward_cost(graph) -> float:
-    return float(sum(n.cost for n in graph.nodes if not n.backward))
+# Options are ranked by what they compute again: its FLOPs plus its bytes written, at this many FLOPs a byte (a
+# balance between arithmetic and memory traffic; CPUs run near 10, GPUs far above), so that recomputing only
+# elementwise ops, which FLOPs count as free, is never ranked as free as keeping everything.
+FLOPS_PER_BYTE = 8.0
 
 
-def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem,
-                     time_limit_s: float) -> list[tuple[str, Plan]]:
+def _recompute_cost(graph, nodes, cost_model: str) -> float:
+    """What computing `nodes` (node indices of `graph`, repeats counted) again costs in the ranking's unit: the
+    trace's cost, plus FLOPS_PER_BYTE a byte written where that cost is FLOPs (a measured time already holds it)."""
+    per_byte = FLOPS_PER_BYTE if cost_model == "flops" else 0.0
+    return float(sum(graph.nodes[v].cost + per_byte * graph.nodes[v].bytes for v in nodes))
+
+
+def _forward_cost(graph, cost_model: str) -> float:
+    return _recompute_cost(graph, [v for v, n in enumerate(graph.nodes) if not n.backward], cost_model)
+
+
+def _planned_cost(plan: Plan) -> float:
+    """The recomputations of a planned option, in the ranking's unit (`_recompute_cost`)."""
+    counts = plan.result.sim.compute_counts
+    again = [v for v in range(len(counts)) for _ in range(int(counts[v]) - 1)]
+    return _recompute_cost(plan.graph, again, plan.cost_model)
+
+
+def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem, time_limit_s: float,
+                     cut: list[str]) -> list[tuple[str, Plan]]:
     """("planned@<fraction>", plan) for each of PLAN_FRACTIONS of the block's no-recomputation peak that a schedule
-    meets, each solved by the core on the one planning problem of the block's trace, in a share of the time."""
+    meets, each solved by the core on the one planning problem of the block's trace, in a share of the time; the
+    name of an option whose share ran out before a schedule was found goes to `cut`."""
     traced = problem.traced
     modules = node_modules(traced)
     candidates = checkpoint_candidates(region, traced, problem.solver_graph, modules)
@@ -210,8 +324,11 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem,
     for frac in PLAN_FRACTIONS:
         try:
             solved = solve_problem(problem, int(frac * reference), time_limit_s=share, candidates=candidates)
+        except NoSolutionInTimeError:
+            cut.append(f"{OptionKind.PLANNED.value}@{frac:g}")
+            break  # a smaller fraction will not be found in its share either
         except RematError:
-            break  # a smaller fraction will not fit either
+            break  # proven out of reach: a smaller fraction will not fit either
         plan = Plan.of(solved, problem, fingerprint=fp, cost_model=traced.cost_model, modules=modules)
         out.append((f"{OptionKind.PLANNED.value}@{frac:g}", plan))
     return out
@@ -220,8 +337,11 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem,
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
                   cost_model: str = "flops", compile: bool = False, say=None) -> BlockProfile:
     """The options of a block at this call and their figures (see the module docstring): one trace, one planning
-    problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak."""
+    problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak. The
+    call's cache objects are not the profile's: it traces the block with None in their places and measures the kept
+    and checkpointed options with throwaway copies of them (capture.kv_cache.scratch_copy)."""
     t0 = time.perf_counter()
+    caches, call = call.caches, call.bare()
     say = say or (lambda _msg: None)
     options: list[Option] = []
     plans: dict[str, Any] = {}
@@ -231,8 +351,11 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     sample = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
     forward_cost = None
     planned: list[tuple[str, Plan]] = []
+    cut: list[str] = []  # options whose time ran out
     if not call.plannable:
-        note = "a non-tensor argument cannot be compared between calls (a cache object?): the block runs eager"
+        note = "a non-tensor argument cannot be compared between calls: the block runs eager"
+    elif caches and _reads_cache(block, call, tensors, caches):
+        note = "the block reads its cache's earlier content, which a schedule traced without it cannot"
     else:
         try:
             with restored(block), warnings.catch_warnings():
@@ -244,22 +367,40 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             note = f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
         if traced is not None:
             problem = PlanningProblem(traced)
-            forward_cost = _forward_cost(problem.solver_graph)
-            planned = _planned_options(region, sample, problem, time_limit_s)
+            forward_cost = _forward_cost(problem.solver_graph, traced.cost_model)
+            planned = _planned_options(region, sample, problem, time_limit_s, cut)
     kept = Option(OptionKind.KEPT, BlockOption(OptionKind.KEPT.value, 0.0, 0, 0, 0), _kept_runner(call))
+    updates = BufferUpdates()  # the buffers the block updates: the kept measurement, first, learns them
     ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
-                  _checkpointed_runner(call))
+                  _checkpointed_runner(call, updates))
     if forward_cost is None:
-        forward_cost = _measured_flops(block, call, tensors)
+        forward_cost = _measured_flops(block, call, tensors, caches)
     candidates = [(kept, 0.0), (ckpt, forward_cost)] if call.plannable else [(kept, 0.0)]
     for name, p in planned:
         candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
                                   _planned_runner(p, region, compile)),
-                           p.overhead * p.graph.total_cost))
+                           _planned_cost(p)))
         plans[name] = p
     seen = set()
+    draws: list[bool] = []  # the kept measurement drew from Python's or numpy's generator
     for opt, cost in candidates:
-        stash, fwd, bwd = measure_option(block, lambda ts, run=opt.run: run(block, ts), tensors)
+        if opt.kind is OptionKind.KEPT:  # copies made before the measurement, compared within it
+            def measured(ts, run=opt.run, values={n: b.detach().clone() for n, b in block.named_buffers()}):
+                host = host_rng_state()
+                out = updates.run(block, values, run, block, ts, _scratch(caches))[0]
+                draws.append(not same_host_rng(host, host_rng_state()))
+                return out
+        elif opt.kind is OptionKind.PLANNED and any(draws):
+            # a traced schedule would replay the trace's draws as constants and draw nothing: not an option
+            plans.pop(opt.figures.name, None)
+            if "draws from Python's" not in note:
+                said = "the block draws from Python's or numpy's generator, which a schedule cannot replay"
+                note = f"{note}; {said}" if note else said
+            continue
+        else:
+            def measured(ts, run=opt.run):
+                return run(block, ts, _scratch(caches))
+        stash, fwd, bwd = measure_option(block, measured, tensors)
         if (stash, fwd, bwd) in seen and opt.kind is OptionKind.PLANNED:
             continue
         seen.add((stash, fwd, bwd))
@@ -269,15 +410,30 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     say(f"block {type(block).__name__}: {nodes} nodes, options " +
         ", ".join(f"{o.figures.name} (stash {o.figures.stash_bytes / 1e6:.2f} MB)" for o in options) +
         f", {seconds:.2f} s")
+    if cut:
+        share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
+        said = f"{', '.join(cut)}: no schedule found in its share of the time limit ({share:.2f} s; raise time_limit_s)"
+        note = f"{note}; {said}" if note else said
     return BlockProfile(call.key, options, seconds, note, nodes, plans)
 
 
-def _measured_flops(block: torch.nn.Module, call: BlockCall, tensors) -> float:
+def _scratch(caches: tuple) -> tuple:
+    return tuple(scratch_copy(c) for c in caches)
+
+
+def _reads_cache(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple) -> bool:
+    """Whether the block's call reads what its caches held before it (capture.kv_cache.reads_cache)."""
+    with restored(block):
+        args, kwargs = call.rebuild([t.detach() for t in tensors], caches)
+        return reads_cache(original_forward(block), args, kwargs)
+
+
+def _measured_flops(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> float:
     """The FLOPs of one forward of the block (torch.utils.flop_counter), for a block that could not be traced."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with restored(block), torch.no_grad(), counter:
-        args, kwargs = call.rebuild([t.detach() for t in tensors])
+        args, kwargs = call.rebuild([t.detach() for t in tensors], _scratch(caches))
         original_forward(block)(*args, **kwargs)
     return float(counter.get_total_flops())

@@ -434,6 +434,16 @@ class InPlaceController:
         return storage_bytes([t for t in tensors if StorageWeakRef(t.untyped_storage()) not in held])
 
     def _post_forward(self, module, args, kwargs, out):
+        if out is None:  # the forward raised (this hook is always called): nothing measured, nothing left on
+            self._stop_probes()
+            return None
+        try:
+            return self._after_forward(out)
+        except BaseException:
+            self._stop_probes()  # nothing of the planner's stays on the thread's mode stack after an error
+            raise
+
+    def _after_forward(self, out):
         step = self._step
         if step is None:
             return None
@@ -643,7 +653,7 @@ class InPlaceController:
             option = prof.options[step.choice.choice[i]]
         else:
             option = _whole(prof)
-        out = option.run(block, tensors)
+        out = option.run(block, tensors, call.caches)  # cache objects reach the kept and checkpointed options alone
         if step.mode is StepMode.MEASURE:
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             step.block_outputs += [t.grad_fn for t in outs if t.grad_fn is not None]

@@ -14,6 +14,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from capture.kv_cache import recompute_without_cache_updates
 from capture.module_tags import repeated_blocks
 from planner.core.candidates import SAVED_BY_SELECTIVE
 from planner.tools.measure import measure_peak_bytes
@@ -24,7 +25,8 @@ def per_block_checkpointed(model: torch.nn.Module, *, selective: bool = False) -
     (non-reentrant, RNG state preserved): the usual hand-written baseline; None when the model has none. With
     `selective`, selective activation checkpointing instead (torch.utils.checkpoint's
     create_selective_checkpoint_contexts): the outputs of the ops in SAVED_BY_SELECTIVE are saved, the rest of each
-    block is recomputed."""
+    block is recomputed. A key/value cache among a block's arguments is updated by its forward alone
+    (capture.kv_cache.recompute_without_cache_updates)."""
     names = repeated_blocks(model)
     if not names:
         return None
@@ -34,8 +36,13 @@ def per_block_checkpointed(model: torch.nn.Module, *, selective: bool = False) -
         options["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
     for blk in (wrapped.get_submodule(name) for name in names):
         plain = blk.forward
-        blk.forward = types.MethodType(lambda self, *a, _f=plain, **kw: checkpoint(_f, *a, **options, **kw), blk)
+        blk.forward = types.MethodType(lambda self, *a, _f=plain, **kw: _checkpointed(_f, options, a, kw), blk)
     return wrapped
+
+
+def _checkpointed(forward, options: dict, args: tuple, kwargs: dict):
+    forward, args, kwargs = recompute_without_cache_updates(forward, args, kwargs)
+    return checkpoint(forward, *args, **options, **kwargs)
 
 
 def _selective_policy(ctx, op, *args, **kwargs):

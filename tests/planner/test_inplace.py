@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import planner
 from graphs.errors import InfeasibleBudgetError
@@ -95,10 +96,12 @@ def test_eval_and_no_grad_run_the_model_as_it_is():
 def test_a_budget_no_choice_meets_names_the_least():
     model, batch = build("llama", "test")
     planner.enable(model, 1e-5, time_limit_s=LIMIT_S)
+    modes = list(_get_current_dispatch_mode_stack())  # (models enabled by earlier tests may hold a probe there)
     with pytest.raises(InfeasibleBudgetError) as info:
         model(**batch)
     least = info.value.min_budget_bytes
     assert least is not None and least > 10_000 and f"{least / 1e9:.6f} GB" in str(info.value)
+    assert _get_current_dispatch_mode_stack() == modes  # nothing of the planner's left on the thread after the error
     planner.disable(model)
     planner.enable(model, least / 1e9, time_limit_s=LIMIT_S)
     for _ in range(2):  # the named budget works (for calls like that one: no gradients held before it)
@@ -279,3 +282,51 @@ def test_the_measuring_call_holds_what_per_block_checkpointing_holds():
     state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
     assert measure_peak_bytes(model, batch) == reference
     assert state.records[-1].mode == "measure" and set(state.records[-1].options) == {"checkpointed"}
+
+
+class _Fails(torch.nn.Module):
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("the user's forward fails")
+
+
+def test_an_error_in_the_forward_leaves_no_mode_behind():
+    model, batch = build("llama", "test")
+    planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    model.model.norm = _Fails(model.model.norm)  # after the blocks, in the measuring call
+    modes = list(_get_current_dispatch_mode_stack())
+    with pytest.raises(RuntimeError, match="the user's forward fails"):
+        model(**batch)
+    assert _get_current_dispatch_mode_stack() == modes
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_where_everything_fits_every_block_is_kept(name):
+    """At ten times eager's peak no option that computes anything again is chosen (a planned option recomputing
+    only elementwise ops costs its bytes, not nothing)."""
+    model, batch = build(name, "test")
+    batch = {**batch, "labels": batch["input_ids"].clone()}
+    peak = measure_peak_bytes(copy.deepcopy(model), batch)
+    state = planner.enable(model, 10 * peak / 1e9, time_limit_s=LIMIT_S)
+    for _ in range(2):
+        model(**batch).loss.backward()
+    assert state.records[-1].mode == "planned" and set(state.records[-1].options) == {"kept"}
+
+
+def test_an_option_cut_by_the_time_limit_is_named(monkeypatch):
+    import planner.inplace.block_region as region_module
+    from graphs.errors import NoSolutionInTimeError
+
+    def out_of_time(*args, **kwargs):
+        raise NoSolutionInTimeError("no schedule in time", budget_bytes=1, seconds=0.0)
+
+    monkeypatch.setattr(region_module, "solve_problem", out_of_time)
+    model, batch = build("llama", "test")
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    model(**batch).loss.backward()
+    assert all("planned@0.8: no schedule found in its share of the time limit" in p.note
+               for p in state.profiles.values())
+    assert "planned@0.8: no schedule found" in state.summary()
