@@ -1,0 +1,111 @@
+"""A training stream as most recipes feed it: each batch padded to its own longest row, so nearly every batch has a
+length of its own. The whole run's wall time, planning included, for eager, transformers'
+`gradient_checkpointing_enable()` and `planner.enable()`, each on its own copy of one model in the same process.
+
+    .venv/bin/python scripts/bench_stream.py [--model qwen2] [--steps 30] [--budget-share 0.5] [--out FILE]
+
+The model: a transformers decoder built from a small config with the library's defaults (`use_cache` on), random
+weights. The stream: `--steps` batches of 4 rows, each row's length drawn from 16-192 (seeded), padded to the
+batch's longest row (pad id, attention mask 0, labels -100), one AdamW step per batch. The planner's budget lies
+`--budget-share` of the way from per-block checkpointing's measured peak to eager's, both measured at the longest
+batch of the stream. Reported per engine: the run's wall time, and for the planner its profiling seconds, the
+number of training calls that measured (every block checkpointed) and the block shapes profiled; and whether the
+planner's parameters equal eager's at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import planner  # noqa: E402
+from planner.tools.baselines import per_block_checkpointed  # noqa: E402
+from planner.tools.measure import measure_peak_bytes  # noqa: E402
+
+VOCAB = 512
+
+
+def make_model(name: str) -> torch.nn.Module:
+    import transformers as T
+
+    common = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+    config = {"qwen2": lambda: T.Qwen2Config(num_key_value_heads=2, **common),
+              "llama": lambda: T.LlamaConfig(num_key_value_heads=4, **common)}[name]()
+    torch.manual_seed(0)
+    cls = {"qwen2": T.Qwen2ForCausalLM, "llama": T.LlamaForCausalLM}[name]
+    return cls(config).train()
+
+
+def stream(steps: int, seed: int = 0) -> list[dict]:
+    """Batches of 4 rows of random lengths, each padded to its longest row."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        lengths = [rng.randint(16, 192) for _ in range(4)]
+        longest = max(lengths)
+        ids = torch.zeros(4, longest, dtype=torch.long)
+        mask = torch.zeros(4, longest, dtype=torch.long)
+        for r, n in enumerate(lengths):
+            ids[r, :n] = torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(rng.randint(0, 2**31)))
+            mask[r, :n] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        out.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return out
+
+
+def run(model: torch.nn.Module, batches: list[dict]) -> float:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    t0 = time.perf_counter()
+    for k, batch in enumerate(batches):
+        torch.manual_seed(k)
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2", choices=("qwen2", "llama"))
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--budget-share", type=float, default=0.5)
+    ap.add_argument("--time-limit", type=float, default=5.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    base = make_model(args.model)
+    batches = stream(args.steps)
+    longest = max(batches, key=lambda b: b["input_ids"].shape[1])
+    eager_peak = measure_peak_bytes(copy.deepcopy(base), longest)
+    ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(base)), longest)
+    budget = ckpt_peak + args.budget_share * (eager_peak - ckpt_peak)
+    row: dict = {"model": args.model, "steps": args.steps,
+                 "lengths": len({b["input_ids"].shape[1] for b in batches}),
+                 "eager_peak_bytes": eager_peak, "per_block_peak_bytes": ckpt_peak, "budget_bytes": int(budget)}
+    eager = copy.deepcopy(base)
+    row["eager_s"] = run(eager, batches)
+    gc_model = copy.deepcopy(base)
+    gc_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    row["gradient_checkpointing_s"] = run(gc_model, batches)
+    enabled = copy.deepcopy(base)
+    state = planner.enable(enabled, budget / 1e9, time_limit_s=args.time_limit)
+    row["enable_s"] = run(enabled, batches)
+    row["enable_profiling_s"] = state.plan_seconds
+    row["enable_measuring_calls"] = sum(1 for r in state.records if r.mode == "measure")
+    row["enable_block_shapes"] = len(state.profiles)
+    row["enable_equal_to_eager"] = all(torch.equal(a, b) for a, b in zip(enabled.parameters(), eager.parameters()))
+    print(json.dumps(row, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(row, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
