@@ -1,1 +1,1 @@
-""""""
+"""enable(): each repeated block planned in place (the controller, block regions, recomputation)."""

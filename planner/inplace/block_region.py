@@ -34,13 +34,14 @@ from capture.call import TENSOR, FlatCall
 from capture.kv_cache import is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import StorageTracker, storage_bytes
 from capture.module_tags import node_modules, trace_model
-from capture.state import autocast_state, host_rng_state, restored, same_host_rng, set_host_rng_state
+from capture.state import autocast_state, host_rng_state, restored, same_host_rng
 from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
 from planner.core.candidates import checkpoint_candidates
 from planner.core.plan_type import Plan, fingerprint
 from planner.core.problem import PlanningProblem
 from planner.core.solve import solve_problem
+from planner.inplace.recompute import BufferUpdates, recomputable
 from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
@@ -144,73 +145,6 @@ class BlockProfile:
     @property
     def figures(self) -> list[BlockOption]:
         return [o.figures for o in self.options]
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor: no counter (and no in-place update outside inference mode)
-        return None
-
-
-class BufferUpdates:
-    """The buffers (their names in the block) a block's forward was seen to update; None before any call was watched.
-    One per profile, shared by its runners: the profile's kept measurement teaches it before any recomputing option
-    runs, each checkpointed forward adds to it."""
-
-    def __init__(self):
-        self.names: set[str] | None = None
-
-    def run(self, block: torch.nn.Module, values: dict, fn: Callable, *args, **kwargs) -> tuple[Any, set[str]]:
-        """`fn(*args, **kwargs)` watched: (its output, the names of the block's buffers it updated: replaced, moved
-        their version counter, or, of those `values` holds copies of from before, changed value; batch_norm updates
-        the running statistics without moving their counters)."""
-        before = {n: (b, _version(b)) for n, b in block.named_buffers()}
-        out = fn(*args, **kwargs)
-        updated = {n for n, b in block.named_buffers()
-                   if n not in before or before[n][0] is not b or before[n][1] != _version(b)
-                   or (n in values and not torch.equal(b, values[n]))}
-        self.names = updated if self.names is None else self.names | updated
-        return out, updated
-
-
-def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdates | None = None) -> Callable:
-    """`forward` (the block's) as torch.utils.checkpoint is to run it, made for one checkpoint call: the user's state
-    is consumed and updated once, as eager does. Its first call (the forward) records Python's and numpy's generators
-    and copies the block's buffers that `updates` says the forward updates (all of them while it knows none), keeping
-    the copies of those the forward did update. Each later call (a recomputation) runs from the generators' recorded
-    states with fresh copies of those buffers in their place, then puts back the step's buffers and the generators as
-    they were before it. torch's generators are checkpoint's (preserve_rng_state)."""
-    saved: list = []  # this call's: [(Python's and numpy's states, {buffer name: its value before the forward})]
-
-    def run(*args, **kwargs):
-        if not saved:  # the forward
-            names = updates.names if updates is not None else None
-            before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names}
-            saved.append((host_rng_state(), before))
-            # values compared (a device sync each) only while no update is known: then the copies not updated go
-            out, updated = (updates or BufferUpdates()).run(block, before if names is None else {}, forward, *args,
-                                                             **kwargs)
-            if names is None:
-                saved[0] = (saved[0][0], {n: v for n, v in before.items() if n in updated})
-            return out
-        host, before = saved[0]
-        now = host_rng_state()
-        swapped = []
-        set_host_rng_state(host)
-        try:
-            for name, value in before.items():
-                path, _, local = name.rpartition(".")
-                owner = block.get_submodule(path)
-                if local in owner._buffers:
-                    swapped.append((owner, local, owner._buffers[local]))
-                    owner._buffers[local] = value.clone()  # the recomputation updates a copy, not the step's
-            return forward(*args, **kwargs)
-        finally:
-            for owner, local, value in reversed(swapped):
-                owner._buffers[local] = value
-            set_host_rng_state(now)
-    return run
 
 
 def _checkpointed_runner(call: BlockCall, updates: BufferUpdates | None = None):

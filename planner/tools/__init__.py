@@ -1,1 +1,1 @@
-""""""
+"""Tools on top of the planner: fit, the curve, measurement, hand-written baselines, the command line."""

@@ -1,1 +1,1 @@
-""""""
+"""plan(): a whole model planned from its trace."""
