@@ -118,6 +118,9 @@ class _Region(torch.nn.Module):
 class OptionKind(str, Enum):
     """How an option runs the block (see the module docstring); a planned option's name adds its fraction."""
 
+    def __str__(self) -> str:  # its value in messages and tables, as a plain string would print
+        return self.value
+
     KEPT = "kept"
     CHECKPOINTED = "checkpointed"
     PLANNED = "planned"

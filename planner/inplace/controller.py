@@ -231,6 +231,9 @@ class _Measured:
 class StepMode(str, Enum):
     """How a training call runs its blocks."""
 
+    def __str__(self) -> str:  # its value in messages and tables, as a plain string would print
+        return self.value
+
     MEASURE = "measure"  # the first call of a key: every block checkpointed, the step's memory read
     PLANNED = "planned"  # the chain's choice per block
     FALLBACK = "fallback"  # a block's key differs from the plan's: the rest of the call checkpointed
