@@ -3,7 +3,7 @@
 Units: budgets are given in gigabytes at this edge only, 1 GB = 10^9 bytes; everything inside is bytes.
 plan() is validation, warnings and the fingerprint around the solving core: trace the model
 (capture.module_tags) -> the planning problem of that trace (core.problem) -> the checkpointing candidates
-(whole.candidates) -> solve, finalise and build the step once (core.solve) -> a Plan (core.plan_type), whose
+(core.candidates) -> solve, finalise and build the step once (core.solve) -> a Plan (core.plan_type), whose
 `apply(model)` returns the drop-in module (execution.runtime).
 """
 from __future__ import annotations
