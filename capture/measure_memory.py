@@ -25,13 +25,15 @@ class StorageTracker(TorchDispatchMode):
     """Tracks bytes of storages created by operators run under it.
 
     live_bytes: bytes of those storages alive now; peak_bytes: the maximum live_bytes reached
-    (right after an operator's outputs are allocated, before its dead inputs are released).
+    (right after an operator's outputs are allocated, before its dead inputs are released); created_bytes: all the
+    bytes created under it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.live_bytes = 0
         self.peak_bytes = 0
+        self.created_bytes = 0
         self._tracked: dict[StorageWeakRef, int] = {}  # live storage -> its bytes
 
     def _release(self, key: StorageWeakRef, nbytes: int) -> None:
@@ -62,6 +64,7 @@ class StorageTracker(TorchDispatchMode):
             nbytes = int(st.nbytes())
             self._tracked[key] = nbytes
             self.live_bytes += nbytes
+            self.created_bytes += nbytes
             weakref.finalize(st, self._release, key, nbytes)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         return out

@@ -272,11 +272,12 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem, t
 
 
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
-                  cost_model: str = "flops", compile: bool = False, say=None) -> BlockProfile:
+                  cost_model: str = "flops", compile: bool = False, say=None, trace: bool = True) -> BlockProfile:
     """The options of a block at this call and their figures (see the module docstring): one trace, one planning
     problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak. The
     call's cache objects are not the profile's: it traces the block with None in their places and measures the kept
-    and checkpointed options with throwaway copies of them (capture.kv_cache.scratch_copy)."""
+    and checkpointed options with throwaway copies of them (capture.kv_cache.scratch_copy). With `trace=False` (a
+    new shape of a block structure traced before) it offers the whole-block options alone, untraced."""
     t0 = time.perf_counter()
     caches, call = call.caches, call.bare()
     say = say or (lambda _msg: None)
@@ -291,6 +292,8 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     cut: list[str] = []  # options whose time ran out
     if not call.plannable:
         note = "a non-tensor argument cannot be compared between calls: the block runs eager"
+    elif not trace:
+        note = "a new shape of a block structure traced before: the whole-block options, untraced"
     elif caches and _reads_cache(block, call, tensors, caches):
         note = "the block reads its cache's earlier content, which a schedule traced without it cannot"
     else:
@@ -311,7 +314,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
                   _checkpointed_runner(call, updates))
     if forward_cost is None:
-        forward_cost = _measured_flops(block, call, tensors, caches)
+        forward_cost = _measured_cost(block, call, tensors, caches)
     candidates = [(kept, 0.0), (ckpt, forward_cost)] if call.plannable else [(kept, 0.0)]
     for name, p in planned:
         candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
@@ -365,12 +368,21 @@ def _reads_cache(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple
         return reads_cache(original_forward(block), args, kwargs)
 
 
-def _measured_flops(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> float:
-    """The FLOPs of one forward of the block (torch.utils.flop_counter), for a block that could not be traced."""
+def _measured_cost(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> float:
+    """One forward of the block in the ranking's unit (`_recompute_cost` under FLOPs): its FLOPs
+    (torch.utils.flop_counter) plus FLOPS_PER_BYTE a byte it creates; for a block profiled without a trace."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
-    with restored(block), torch.no_grad(), counter:
+    counter, tracker = FlopCounterMode(display=False), StorageTracker()
+    with restored(block), torch.no_grad(), counter, tracker:
         args, kwargs = call.rebuild([t.detach() for t in tensors], _scratch(caches))
         original_forward(block)(*args, **kwargs)
-    return float(counter.get_total_flops())
+    return float(counter.get_total_flops()) + FLOPS_PER_BYTE * tracker.created_bytes
+
+
+def structure_key(key: tuple) -> tuple:
+    """A block key (BlockCall.key) with each tensor's shape and strides replaced by its rank: the key of the block's
+    structure, which every sequence length and batch size of one call form shares."""
+    (spec, parts), state = key
+    return ((spec, tuple(("tensor", len(p[1]), *p[3:]) if p and p[0] == "tensor" and len(p) == 6 else p
+                         for p in parts)), state)

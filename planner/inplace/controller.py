@@ -46,7 +46,14 @@ from capture.state import autocast_as, autocast_state, cuda_devices_in_use
 from graphs.errors import InfeasibleBudgetError
 from planner.core.progress import Reporter
 from planner.core.units import GB, budget_bytes_from_gb
-from planner.inplace.block_region import BlockCall, BlockProfile, OptionKind, original_forward, profile_block
+from planner.inplace.block_region import (
+    BlockCall,
+    BlockProfile,
+    OptionKind,
+    original_forward,
+    profile_block,
+    structure_key,
+)
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
 _ATTR = "_remat_inplace"
@@ -285,6 +292,7 @@ class InPlaceController:
 
     def _reset_caches(self) -> None:
         self.profiles: dict[tuple, BlockProfile] = {}
+        self.traced_structures: set[tuple] = set()  # block structures (block_region.structure_key) traced once
         self.measured: dict[tuple, _Measured] = {}
         self.seen_keys: dict[tuple, list[tuple]] = {}  # root key -> the blocks' key tuples seen, latest last
         self.choices: dict[tuple, ChainChoice] = {}
@@ -311,7 +319,8 @@ class InPlaceController:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "measured", "seen_keys", "choices", "records", "_step", "_open_probe", "_say"):
+        for k in ("profiles", "traced_structures", "measured", "seen_keys", "choices", "records", "_step",
+                  "_open_probe", "_say"):
             state.pop(k, None)
         return state
 
@@ -641,11 +650,15 @@ class InPlaceController:
         prof = self.profiles.get(call.key)
         if prof is None:
             t0 = time.perf_counter()
+            # a block structure is traced at its first shape; its other shapes get the whole-block options
+            structure = structure_key(call.key)
+            trace = structure not in self.traced_structures
+            self.traced_structures.add(structure)
             prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
-                                                   cost_model=self.cost_model, compile=self.compile, say=self._say))
-            # tracing and planning leave reference cycles (fx graphs) that hold views of this call's tensors (the
-            # sample they traced with): collected now, not at some later point of this step's backward
-            gc.collect()
+                                                   cost_model=self.cost_model, compile=self.compile, say=self._say,
+                                                   trace=trace))
+            if trace:  # tracing and planning leave reference cycles (fx graphs) that hold views of this call's
+                gc.collect()  # tensors (the sample they traced with): collected now, not later in this step's backward
             self.plan_seconds += time.perf_counter() - t0
             self.profiles[call.key] = prof
         if step.mode is StepMode.PLANNED and i == 0:

@@ -330,3 +330,26 @@ def test_an_option_cut_by_the_time_limit_is_named(monkeypatch):
     assert all("planned@0.8: no schedule found in its share of the time limit" in p.note
                for p in state.profiles.values())
     assert "planned@0.8: no schedule found" in state.summary()
+
+
+def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
+    """Each new sequence length is a new block shape; only the first shape of a block structure is traced and
+    planned, the others get the whole-block options, untraced."""
+    import planner.inplace.block_region as region_module
+
+    traces = []
+    real = region_module.trace_model
+    monkeypatch.setattr(region_module, "trace_model", lambda *a, **k: traces.append(1) or real(*a, **k))
+    model, batch = build("llama", "test")
+    twin = copy.deepcopy(model)
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
+    opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, twin))
+    for seed, length in enumerate((64, 40, 24, 56)):
+        part = {k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}
+        part["labels"] = part["input_ids"].clone()
+        assert torch.equal(_step(model, opt, part, seed), _step(twin, opt_twin, part, seed))
+    # (a length whose rows are all unpadded calls the blocks without a mask: another structure)
+    structures = {region_module.structure_key(k) for k in state.profiles}
+    assert len(state.profiles) == 4 and len(traces) == len(structures) < 4
+    assert sum(p.nodes > 0 for p in state.profiles.values()) == len(structures)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
