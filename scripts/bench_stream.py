@@ -2,7 +2,8 @@
 length of its own. The whole run's wall time, planning included, for eager, transformers'
 `gradient_checkpointing_enable()` and `planner.enable()`, each on its own copy of one model in the same process.
 
-    .venv/bin/python scripts/bench_stream.py [--model qwen2] [--steps 30] [--budget-share 0.5] [--out FILE]
+    .venv/bin/python scripts/bench_stream.py [--model qwen2] [--steps 30] [--budget-share 0.5] [--check-peaks]
+        [--out FILE]
 
 The model: a transformers decoder built from a small config with the library's defaults (`use_cache` on), random
 weights. The stream: `--steps` batches of 4 rows, each row's length drawn from 16-192 (seeded), padded to the
@@ -10,7 +11,7 @@ batch's longest row (pad id, attention mask 0, labels -100), one AdamW step per 
 `--budget-share` of the way from per-block checkpointing's measured peak to eager's, both measured at the longest
 batch of the stream. Reported per engine: the run's wall time, and for the planner its profiling seconds, the
 number of training calls that measured (every block checkpointed) and the block shapes profiled; and whether the
-planner's parameters equal eager's at the end.
+planner's parameters equal eager's at the end; with --check-peaks, every step's measured peak against the budget.
 """
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--budget-share", type=float, default=0.5)
     ap.add_argument("--time-limit", type=float, default=5.0)
+    ap.add_argument("--check-peaks", action="store_true", help="measure every step's peak on a second enabled copy")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -102,6 +104,12 @@ def main() -> None:
     row["enable_measuring_calls"] = sum(1 for r in state.records if r.mode == "measure")
     row["enable_block_shapes"] = len(state.profiles)
     row["enable_equal_to_eager"] = all(torch.equal(a, b) for a, b in zip(enabled.parameters(), eager.parameters()))
+    if args.check_peaks:  # the same stream on a fresh copy, each step's peak measured (storage-tracking mode)
+        checked = copy.deepcopy(base)
+        planner.enable(checked, budget / 1e9, time_limit_s=args.time_limit)
+        peaks = [measure_peak_bytes(checked, batch) for batch in batches]
+        row["enable_max_step_peak_bytes"] = max(peaks)
+        row["enable_steps_over_budget"] = sum(p > budget for p in peaks)
     print(json.dumps(row, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(row, indent=1) + "\n")

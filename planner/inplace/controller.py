@@ -29,6 +29,7 @@ it is.
 from __future__ import annotations
 
 import gc
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -262,6 +263,9 @@ class _Step:
     offset: int = 0  # a measurement begun at the first block: the bytes the step held before it (estimated)
     offset_surviving: int = 0
     grads_before: set = field(default_factory=set)  # ids of the parameters holding a gradient at the step's start
+    # a call no larger than a measured one of its structure: that one's root key, whose figures bound this call's
+    cover: tuple | None = None
+    chosen: list = field(default_factory=list)  # the options run, by block (planned calls)
 
 
 @dataclass
@@ -293,6 +297,7 @@ class InPlaceController:
     def _reset_caches(self) -> None:
         self.profiles: dict[tuple, BlockProfile] = {}
         self.traced_structures: set[tuple] = set()  # block structures (block_region.structure_key) traced once
+        self.uncovered: set[tuple] = set()  # root keys whose blocks a covering measurement did not match
         self.measured: dict[tuple, _Measured] = {}
         self.seen_keys: dict[tuple, list[tuple]] = {}  # root key -> the blocks' key tuples seen, latest last
         self.choices: dict[tuple, ChainChoice] = {}
@@ -319,7 +324,7 @@ class InPlaceController:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "traced_structures", "measured", "seen_keys", "choices", "records", "_step",
+        for k in ("profiles", "traced_structures", "uncovered", "measured", "seen_keys", "choices", "records", "_step",
                   "_open_probe", "_say"):
             state.pop(k, None)
         return state
@@ -425,9 +430,19 @@ class InPlaceController:
         step = _Step(root_key, self._resident_bytes(args, kwargs), StepMode.PLANNED)
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         if not any(k[0] == root_key for k in self.measured):
-            self._start_measuring(step)
+            step.cover = None if root_key in self.uncovered else self._covering(root_key)
+            if step.cover is None:
+                self._start_measuring(step)
         self._step = step
         return None
+
+    def _covering(self, root_key: tuple) -> tuple | None:
+        """The measured root key of this call's structure whose every tensor dimension is at least this call's (the
+        least such, by elements), or None. A transformer's memory grows with its sequence length and batch, so the
+        whole-block options chosen within the budget there hold no more here: a shorter batch of a stream is run
+        without measuring or profiling anything."""
+        found = [rk for rk, _ in self.measured if _covers(rk, root_key)]
+        return min(found, key=_elements, default=None)
 
     def _start_measuring(self, step: _Step) -> None:
         step.mode = StepMode.MEASURE
@@ -599,13 +614,15 @@ class InPlaceController:
         if forward_least > self.budget_bytes:
             self._choose(root_key, keys, resident_bytes)  # raises, naming the least budget a choice meets
 
-    def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int) -> ChainChoice:
+    def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int, whole: bool = False) -> ChainChoice:
+        """The chain's choice for a call of `keys` measured under `root_key`; with `whole`, among the whole-block
+        options alone (`_options`)."""
         measured = self.measured[(root_key, keys)]
-        ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None)
+        ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None, whole)
         hit = self.choices.get(ck)
         if hit is not None:
             return hit
-        options = [self.profiles[k].figures for k in keys]
+        options = [[o.figures for o in self._options(k, whole)] for k in keys]
         sites = self._sites(measured)
         try:
             choice = choose_options(options, sites, self.budget_bytes - resident_bytes)
@@ -621,6 +638,11 @@ class InPlaceController:
                   f"{(resident_bytes + choice.peak_bytes) / GB:.6f} GB of {self.budget_bytes / GB:.6f} GB")
         return choice
 
+    def _options(self, key: tuple, whole: bool) -> list:
+        """A profile's options; with `whole`, those that run at any shape (kept, checkpointed)."""
+        options = self.profiles[key].options
+        return [o for o in options if o.kind is not OptionKind.PLANNED] if whole else options
+
     # ---- a block's call -------------------------------------------------------------------------------------
     def run_block(self, block: torch.nn.Module, args: tuple, kwargs: dict):
         step = self._step
@@ -629,7 +651,18 @@ class InPlaceController:
         i = len(step.keys)
         call, tensors = BlockCall.of(block, args, kwargs)
         step.keys.append(call.key)
-        if step.mode is StepMode.PLANNED and i == 0:
+        if step.mode is StepMode.PLANNED and i == 0 and step.cover is not None:
+            # blocks of the covering call's structure, in the same order: its choice among whole-block options
+            like = structure_key(call.key)
+            step.expected = next((ks for ks in reversed(self.seen_keys.get(step.cover, []))
+                                  if ks and structure_key(ks[0]) == like and (step.cover, ks) in self.measured), None)
+            if step.expected is None:  # called otherwise: this call runs checkpointed, the next one measures
+                self.uncovered.add(step.root_key)
+                step.mode = StepMode.FALLBACK
+            else:
+                step.choice = self._choose(step.cover, step.expected, step.resident_bytes, whole=True)
+                step.chosen = [self._options(k, True)[c] for k, c in zip(step.expected, step.choice.choice)]
+        elif step.mode is StepMode.PLANNED and i == 0:
             step.expected = next((ks for ks in reversed(self.seen_keys.get(step.root_key, []))
                                   if ks and ks[0] == call.key and (step.root_key, ks) in self.measured), None)
             if step.expected is None:
@@ -647,6 +680,11 @@ class InPlaceController:
                 step.measured.first_args_bytes = self._made_in_step_bytes(step, tensors)
             step.measured.forward_start.append(step.offset + step.probe.live())
             step.snapshots.append(step.probe.snapshot())
+        if step.cover is not None and step.mode is StepMode.PLANNED:
+            if i < len(step.expected) and structure_key(step.expected[i]) == structure_key(call.key):
+                return step.chosen[i].run(block, tensors, call.caches)
+            step.mode = StepMode.FALLBACK  # blocks called otherwise than in the covering call: the rest checkpointed
+            self.uncovered.add(step.root_key)
         prof = self.profiles.get(call.key)
         if prof is None:
             t0 = time.perf_counter()
@@ -663,6 +701,7 @@ class InPlaceController:
             self.profiles[call.key] = prof
         if step.mode is StepMode.PLANNED and i == 0:
             step.choice = self._choose(step.root_key, step.expected, step.resident_bytes)
+            step.chosen = [self.profiles[k].options[c] for k, c in zip(step.expected, step.choice.choice)]
         if step.mode is StepMode.PLANNED and (i >= len(step.expected) or step.expected[i] != call.key):
             step.mode = StepMode.FALLBACK
         if step.mode is StepMode.PLANNED:
@@ -705,9 +744,28 @@ def _whole(prof: BlockProfile):
 
 
 def _option_names(state: InPlaceController, step: _Step) -> list[str]:
-    if step.mode is StepMode.PLANNED and step.choice is not None:
-        return [state.profiles[k].options[c].figures.name for k, c in zip(step.expected, step.choice.choice)]
+    if step.mode is StepMode.PLANNED and step.chosen:
+        return [o.figures.name for o in step.chosen]
     return [_whole(state.profiles[k]).figures.name for k in step.keys if k in state.profiles]
+
+
+def _covers(big: tuple, small: tuple) -> bool:
+    """Root keys (`InPlaceController._root_key`) of one structure, every tensor dimension of `big` at least
+    `small`'s."""
+    (bflat, bauto, bparams), (sflat, sauto, sparams) = big, small
+    if bauto != sauto or bparams != sparams or bflat[0] != sflat[0] or len(bflat[1]) != len(sflat[1]):
+        return False
+    for b, s in zip(bflat[1], sflat[1]):
+        if b and s and b[0] == s[0] == "tensor":
+            if b[2:] != s[2:] or len(b[1]) != len(s[1]) or any(x < y for x, y in zip(b[1], s[1])):
+                return False
+        elif b != s:
+            return False
+    return True
+
+
+def _elements(root_key: tuple) -> int:
+    return sum(math.prod(p[1]) for p in root_key[0][1] if p and p[0] == "tensor")
 
 
 def _predicted(step: _Step) -> int | None:

@@ -333,8 +333,9 @@ def test_an_option_cut_by_the_time_limit_is_named(monkeypatch):
 
 
 def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
-    """Each new sequence length is a new block shape; only the first shape of a block structure is traced and
-    planned, the others get the whole-block options, untraced."""
+    """Each longer sequence length is a new block shape: only the first shape of a block structure is traced and
+    planned, the others get the whole-block options, untraced; a shorter batch than one measured is run from that
+    measurement's choice among whole-block options, with nothing measured or profiled. All as eager trains."""
     import planner.inplace.block_region as region_module
 
     traces = []
@@ -344,12 +345,14 @@ def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
     twin = copy.deepcopy(model)
     state = planner.enable(model, 1.0, time_limit_s=LIMIT_S)
     opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, twin))
-    for seed, length in enumerate((64, 40, 24, 56)):
+    for seed, length in enumerate((24, 40, 56, 64, 32, 60)):
         part = {k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}
         part["labels"] = part["input_ids"].clone()
         assert torch.equal(_step(model, opt, part, seed), _step(twin, opt_twin, part, seed))
-    # (a length whose rows are all unpadded calls the blocks without a mask: another structure)
+    # (up to 48 every row is unpadded and the blocks get no mask: another structure)
     structures = {region_module.structure_key(k) for k in state.profiles}
     assert len(state.profiles) == 4 and len(traces) == len(structures) < 4
     assert sum(p.nodes > 0 for p in state.profiles.values()) == len(structures)
+    assert [r.mode for r in state.records[-2:]] == ["planned", "planned"]  # 32 and 60: covered
+    assert set(state.records[-1].options) <= {"kept", "checkpointed"}
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
