@@ -1,7 +1,7 @@
 """plan() builds what it needs once: one solver graph per solve (a fallback to the pinned graph adds one; the
 executor's exact view is derived from the solver graph, not built), one walk of the trace for the multi-output ops,
 and the step's fx halves once across plan(), apply() and the first call. The in-place profiler builds, per block
-structure, one planning problem and one solver graph for all the options it solves, and never calls the public plan()."""
+structure, one planning problem and one solver graph for all the options it solves, and never calls plan()."""
 from __future__ import annotations
 
 import copy
