@@ -54,9 +54,17 @@ from typing import Sequence
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
 from graphs.result import SolveResult
-from graphs.schedule import Status
+from graphs.schedule import Schedule, Status
+from graphs.simulate import simulate
 from solvers.auto_config import CONFIG, AutoConfig
 from solvers.base import Proposal, check_budget_floor, solve, solver_names
+from solvers.bounds.forced_bound import forced_recompute_bound
+from solvers.bounds.order_bound import FAMILY as ORDER_FAMILY
+from solvers.bounds.order_bound import order_bound
+from solvers.bounds.subgraph_bound import subgraph_floor_bytes
+from solvers.exact.blocks import split_blocks
+from solvers.exact.chain_dp import is_training_chain
+from solvers.exact.cpsat_family import stage_normal_form
 from solvers.progress import Progress, SearchState
 
 EXACT_SOLVERS = ("milp", "milp_cbc", "cpsat", "chain_dp")
@@ -220,7 +228,6 @@ class Portfolio:
         """The forced-recomputation bound (valid for every schedule), or None if not solved in its time.
 
         Raises InfeasibleBudgetError when non-recomputable values make the budget infeasible for every schedule."""
-        from solvers.bounds.forced_bound import forced_recompute_bound
 
         c = self.config
         self.report("forced-recomputation bound")
@@ -282,7 +289,6 @@ class Portfolio:
         """Where nothing meets a bound yet: the bound for every program-order schedule (solvers.bounds.order_bound);
         on training graphs with no whole-graph exact solver, rollouts that evict first what its solution recomputes
         (not where CP-SAT follows: they give it no better start and take its time)."""
-        from solvers.bounds.order_bound import order_bound
 
         c = self.config
         if self.proven() or self.remaining() <= 0:
@@ -407,7 +413,6 @@ class Portfolio:
 
     def raise_if_no_schedule_fits(self, seconds: float) -> None:
         """Raise InfeasibleBudgetError when the subgraph relaxation proves that no schedule of any kind fits."""
-        from solvers.bounds.subgraph_bound import subgraph_floor_bytes
 
         sub = subgraph_floor_bytes(self.graph, self.budget_bytes, deadline=time.perf_counter() + seconds)
         if sub is None or not sub.capped:
@@ -436,7 +441,6 @@ class Portfolio:
         scope = f"schedules of the family: {exact.info['family']}" if bound_from and exact.info.get("family") else None
         if order is not None and best.total_cost >= order * (1 - 1e-9) - 1e-9 and (bound is None or order > bound):
             # it holds for every program-order schedule: a wider family than any exact solver's here
-            from solvers.bounds.order_bound import FAMILY as ORDER_FAMILY
 
             bound, bound_from, scope = order, "order_bound", f"schedules of the family: {ORDER_FAMILY}"
         if forced is not None and (bound is None or forced > bound):
@@ -473,7 +477,6 @@ def computations_needed(sequence) -> int:
     smallest C whose CP-SAT family can take it as a hint."""
     from collections import Counter
 
-    from solvers.exact.cpsat_family import stage_normal_form
 
     return max(Counter(stage_normal_form(sequence)).values(), default=1)
 
@@ -481,9 +484,6 @@ def computations_needed(sequence) -> int:
 def _hint_computations(graph: Graph, budget_bytes: int, sequence) -> int | None:
     """The computations per value a CP-SAT family needs to take `sequence` as its hint, in its stage normal form;
     None where that form does not fit the budget (CP-SAT would not use it)."""
-    from graphs.schedule import Schedule
-    from graphs.simulate import simulate
-    from solvers.exact.cpsat_family import stage_normal_form
 
     normal = stage_normal_form(sequence)
     if simulate(graph, Schedule.from_sequence(graph, normal)).peak_bytes > budget_bytes:
@@ -494,7 +494,6 @@ def _hint_computations(graph: Graph, budget_bytes: int, sequence) -> int | None:
 def _is_chain(graph: Graph) -> bool:
     if "chain_dp" not in solver_names():
         return False
-    from solvers.exact.chain_dp import is_training_chain
 
     return is_training_chain(graph)
 
@@ -502,7 +501,6 @@ def _is_chain(graph: Graph) -> bool:
 def _has_blocks(graph: Graph) -> bool:
     if "block_dp" not in solver_names():
         return False
-    from solvers.exact.blocks import split_blocks
 
     return split_blocks(graph) is not None
 

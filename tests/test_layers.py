@@ -1,8 +1,8 @@
 """The packages' import structure, read from the source: imports run one way between packages
 (graphs <- capture, solvers <- planner) and between planner's layers (execution <- core <- whole, inplace <- tools),
 solvers never import torch, no module imports itself back through others (an import inside a function counts: it
-is a dependency all the same), and an import of the project inside a function in capture/ or planner/ is one of a
-short list, each with its reason."""
+is a dependency all the same), and an import of the project inside a function is one of a short list, each with
+its reason."""
 from __future__ import annotations
 
 import ast
@@ -149,7 +149,7 @@ def test_function_level_imports_of_the_project_are_listed_with_a_reason():
     mods = _modules()
     found = set()
     for name, path in mods.items():
-        if name.split(".")[0] in ("capture", "planner"):
+        if name.split(".")[0] in PACKAGES:
             found |= _function_level_imports(name, path, set(mods))
     unlisted = sorted(found - set(FUNCTION_LEVEL_IMPORTS))
     assert not unlisted, f"imports inside functions (move them to the top, or list them with their reason): {unlisted}"

@@ -37,8 +37,10 @@ from functools import lru_cache
 
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.ir import Graph
+from graphs.simulate import reference_peak_bytes
 from solvers.base import bisect_smallest, check_budget_floor
 from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
+from solvers.highs import HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
 from solvers.pulp_import import pulp
 
 
@@ -130,7 +132,6 @@ def _solve_program(prob, time_limit_s: float | None) -> tuple[bool, float | None
     HiGHS knows nothing within the limit."""
     import highspy
 
-    from solvers.highs import HighsWithStart  # PuLP's HiGHS, with highspy's start-up banner kept off stdout
 
     prob.solve(HighsWithStart(start=None, msg=False, timeLimit=time_limit_s, gapRel=0.0))
     h = prob.solverModel
@@ -283,7 +284,6 @@ def memory_floor_bytes(graph: Graph, deadline: float | None = None) -> int:
     nodes read must stay resident beside some node's inputs and output. Bisection: feasibility of the rows only
     grows with the budget. Once `deadline` (time.perf_counter()) passes, the bisection stops and the floor proven
     so far is returned (still a floor for every schedule, possibly below the exact one)."""
-    from graphs.simulate import reference_peak_bytes
 
     lo = graph.single_op_bound_bytes()
     if all(nd.recomputable for nd in graph.nodes):

@@ -37,6 +37,7 @@ import numpy as np
 
 from graphs.ir import Graph
 from graphs.schedule import OpKind, Schedule
+from solvers.bounds.forced_bound import _solve_program
 from solvers.bounds.row_program import ConflictRow, RowProgram, undominated
 from solvers.pulp_import import pulp
 
@@ -195,7 +196,6 @@ def _rounds(graph: Graph, rows: list[ConflictRow], active: list[ConflictRow], ga
     solved with no row violated, the rows it had, the values the last program solved to optimality computes more
     than once), or None when the rows admit no assignment. users: add second computations
     (RowProgram.add_second_computations)."""
-    from solvers.bounds.forced_bound import _solve_program
 
     best: float | None = None
     recomputed: set[int] = set()

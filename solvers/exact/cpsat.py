@@ -46,6 +46,7 @@ from solvers.exact.cpsat_family import (
     stage_normal_form,
 )
 from solvers.exact.cpsat_greedy import best_greedy_sequence
+from solvers.heuristics import baselines
 
 SOLVER_NAME = "cpsat"
 # Largest objective coefficient sum we hand CP-SAT unscaled; above it costs are scaled and floored.
@@ -253,7 +254,6 @@ def _baseline_hint(graph: Graph, budget_bytes: int, max_computations: int, deadl
                    ) -> tuple[list[int] | None, str | None, int | None]:
     """The cheapest baseline schedule that fits the budget and lies in the family, and the lowest baseline peak
     (baselines not finished by `deadline` are left out)."""
-    from solvers.heuristics import baselines
 
     best, best_name, best_cost, min_peak = None, None, math.inf, None
     for name in ("checkpoint_all", "chen_greedy", "chen_greedy_linear", "chen_sqrtn", "chen_sqrtn_linear"):

@@ -40,6 +40,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal, check_budget_floor
+from solvers.bounds.forced_bound import conflict_rows
 from solvers.deadline import check, deadline_after, earlier, passed, seconds_left
 from solvers.exact.stage_model import (
     free_matrix,
@@ -50,6 +51,7 @@ from solvers.exact.stage_model import (
     stage_cost,
     stages_from_sequence,
 )
+from solvers.heuristics import baselines
 from solvers.highs import HighsWithStart
 from solvers.pulp_import import pulp
 
@@ -237,7 +239,6 @@ def _add_forced_recomputation_cuts(model: StageMILP, cat) -> None:
     Y[i] <= sum over stages t > i of R[t, i], and at every node x the values of its conflict set that are computed
     once fit in the room left by x's inputs and output. They lift the relaxation where one large value must be
     recomputed (segnet at half its reference peak), which the stage rows alone bound weakly."""
-    from solvers.bounds.forced_bound import conflict_rows
 
     g, prob, unit = model.graph, model.prob, model.unit_bytes
     m = [int(x) for x in g.sizes]
@@ -264,7 +265,6 @@ def baseline_schedules(graph: Graph, budget_bytes: int, deadline: float | None =
                        ) -> tuple[list[tuple[float, str, list[int]]], int | None, str]:
     """Every baseline schedule within budget as (cost, name, sequence), cheapest first, and the smallest budget
     a baseline is known to meet (with its name). Baselines not finished by `deadline` are left out."""
-    from solvers.heuristics import baselines
 
     found, best_min, best_name = [], None, ""
     for name in BASELINES:

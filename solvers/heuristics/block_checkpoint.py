@@ -25,6 +25,7 @@ from graphs.ir import Graph
 from graphs.schedule import Schedule, Status
 from graphs.simulate import simulate
 from solvers.base import Proposal
+from solvers.exact.blocks import split_blocks
 
 
 def block_checkpoint_sequence(graph: Graph, blocks: Sequence[Collection[int]],
@@ -72,7 +73,6 @@ def block_checkpoint_sequence(graph: Graph, blocks: Sequence[Collection[int]],
 
 def graph_blocks(graph: Graph) -> list[list[int]]:
     """The blocks of `graph` found from the graph alone (block_dp's split at narrow cuts), as node sets."""
-    from solvers.exact.blocks import split_blocks
 
     split = split_blocks(graph)
     if split is None or not split.blocks:
