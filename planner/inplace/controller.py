@@ -1,6 +1,6 @@
 """Planning in place, per block: `enable(model, budget_gb)` and `disable(model)`.
 
-The model stays the user's object and class. Each repeated block (planner.core.candidates.repeated_blocks, or
+The model stays the user's object and class. Each repeated block (capture.module_tags.repeated_blocks, or
 `blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
 of the block's options (inplace.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
 everything outside the blocks runs as written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see
@@ -705,7 +705,7 @@ class InPlaceController:
         if step.mode is StepMode.PLANNED and (i >= len(step.expected) or step.expected[i] != call.key):
             step.mode = StepMode.FALLBACK
         if step.mode is StepMode.PLANNED:
-            option = prof.options[step.choice.choice[i]]
+            option = step.chosen[i]  # the chain's choice, looked up once at the first block
         else:
             option = _whole(prof)
         out = option.run(block, tensors, call.caches)  # cache objects reach the kept and checkpointed options alone
