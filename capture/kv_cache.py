@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 import weakref
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -64,6 +66,28 @@ def scratch_copy(cache):
             continue
         vars(new)[name] = value
     return new
+
+
+def cache_tensors(cache, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors a cache holds: in its attributes, their lists and dicts, its layers' and inner caches'."""
+    found: list[torch.Tensor] = []
+
+    def walk(x, left: int) -> None:
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif left <= 0:
+            return
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, left - 1)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v, left - 1)
+        elif is_cache(x) or _plain_object(x):
+            for v in vars(x).values():
+                walk(v, left - 1)
+    walk(cache, depth)
+    return found
 
 
 def _plain_object(x) -> bool:
@@ -135,6 +159,39 @@ def _rebuilt(kind: str, data, key_states, value_states):
 # ---------------------------------------------------------------------------------------------
 # the stand-ins
 # ---------------------------------------------------------------------------------------------
+_THREAD = threading.local()
+
+
+@contextmanager
+def _updating():
+    """Marks this thread as inside an update (`in_cache_update`), and takes torch's selective checkpointing modes off
+    the top of the dispatch mode stack meanwhile: selective checkpointing asks the recomputation to run the forward's
+    operators, one for one, and the forward's update runs the cache's own while a recomputation answers from the
+    record."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
+    from torch.utils.checkpoint import _CachedTorchDispatchMode, _CachingTorchDispatchMode
+
+    popped = []
+    while True:
+        stack = _get_current_dispatch_mode_stack()
+        if not stack or not isinstance(stack[-1], (_CachingTorchDispatchMode, _CachedTorchDispatchMode)):
+            break
+        popped.append(_pop_mode())
+    _THREAD.depth = getattr(_THREAD, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _THREAD.depth -= 1
+        for mode in reversed(popped):
+            _push_mode(mode)
+
+
+def in_cache_update() -> bool:
+    """Whether this thread is inside a stand-in's `update`: the forward's real update, or a recomputation's answer
+    from the record. The two run different operators; a per-operator save policy counts neither."""
+    return getattr(_THREAD, "depth", 0) > 0
+
+
 _OWN = ("_standin_real", "_standin_log", "_standin_replay", "_standin_at")
 
 
@@ -171,6 +228,10 @@ class _StandIn:
             setattr(real, name, value)
 
     def update(self, key_states, value_states, *args, **kwargs):
+        with _updating():
+            return self._standin_update(key_states, value_states, *args, **kwargs)
+
+    def _standin_update(self, key_states, value_states, *args, **kwargs):
         own = object.__getattribute__(self, "__dict__")
         log: _UpdateLog = own["_standin_log"]
         layer = _layer_index(args, kwargs)

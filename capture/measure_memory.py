@@ -47,6 +47,11 @@ class StorageTracker(TorchDispatchMode):
     def bytes_still_alive(self, storages: frozenset) -> int:
         return sum(self._tracked.get(k, 0) for k in storages)
 
+    def tracked_bytes(self, tensors) -> int:
+        """Bytes of the distinct storages behind `tensors` that were created under this tracker and are alive."""
+        keys = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves(tensors) if isinstance(t, torch.Tensor)}
+        return sum(self._tracked.get(k, 0) for k in keys)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         seen_inputs = {

@@ -6,18 +6,25 @@ The in-place planner (planner.inplace.controller) runs every repeated block thro
 - "checkpointed": torch.utils.checkpoint around the whole block (non-reentrant, RNG state preserved): only the
   input is kept, the block runs again for its backward (`recomputable`: from the Python, numpy and buffer state its
   forward began with, the step's state put back after, so the user's state is updated once, as eager does);
-- "planned@<fraction>": a schedule the solving core (planner.core.solve) made for the block alone at that fraction of
-  its no-recomputation peak, run by the executor (planner.execution.runtime.PlannedModule) on the block's live
-  parameters.
+- "selective@<fraction>": torch.utils.checkpoint around the block with a per-operator save policy
+  (`create_selective_checkpoint_contexts`): the outputs of the operators a knapsack (solvers.exact.knapsack) picks
+  within that fraction of the bytes of the outputs a policy may keep, for the most recompute saved, are kept, the
+  rest computed again. The block's own Python runs in the forward and again in the recomputation, as with
+  "checkpointed"; the policy names operators by their order in the forward (capture.op_record), so it serves every
+  shape of the block's structure;
+- "planned@<fraction>" (with `planned=True`): a schedule the solving core (planner.core.solve) made for the block
+  alone at that fraction of its no-recomputation peak, run by the project's executor
+  (planner.execution.runtime.PlannedModule) on the block's live parameters; traced at one shape.
 
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
 which require grad, the non-tensor arguments, a key/value cache by its class alone, the autocast state, the block's
 mode and which of its parameters require grad, with their dtypes): calls with one key share one profile.
-`profile_block` traces the block once at that call, solves its one planning problem at a few budgets and measures
-each option on one real forward and backward of the block under a storage tracker (gradients taken with
-torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what it stashes, what its forward and
-backward hold at once, and what it computes again (in the trace's cost unit; the whole forward for "checkpointed").
-A block that cannot be traced keeps the two whole-block options, with the reason.
+`profile_block` records the block's operators on one forward at that call (capture.op_record), builds the
+selective options from them (with `planned=True` it also traces the block and solves its one planning problem at a
+few budgets), and measures each option on one real forward and backward of the block under a storage tracker
+(gradients taken with torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what it stashes, what
+its forward and backward hold at once, and what it computes again (`op_cost`: FLOPs plus FLOPS_PER_BYTE a byte
+written, summed over the operators it runs again).
 """
 from __future__ import annotations
 
@@ -31,9 +38,10 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_unflatten
 
 from capture.call import TENSOR, FlatCall
-from capture.kv_cache import is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
+from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import StorageTracker, storage_bytes
 from capture.module_tags import node_modules, trace_model
+from capture.op_record import OpRecord, record_forward
 from capture.state import autocast_state, host_rng_state, restored, same_host_rng
 from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
@@ -42,9 +50,11 @@ from planner.core.plan_type import Plan, fingerprint
 from planner.core.problem import PlanningProblem
 from planner.core.solve import solve_problem
 from planner.inplace.recompute import BufferUpdates, recomputable
+from solvers.exact.knapsack import knapsack
 from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
+SELECTIVE_FRACTIONS = (0.75, 0.5, 0.25)  # of the bytes of the savable operators' outputs: the selective options
 
 
 def original_forward(block: torch.nn.Module) -> Callable:
@@ -123,6 +133,7 @@ class OptionKind(str, Enum):
 
     KEPT = "kept"
     CHECKPOINTED = "checkpointed"
+    SELECTIVE = "selective"
     PLANNED = "planned"
 
 
@@ -144,6 +155,9 @@ class BlockProfile:
     note: str = ""  # why only whole-block options, where that is so
     nodes: int = 0  # of the block's trace
     plans: dict[str, Any] = field(default_factory=dict, repr=False)  # option name -> Plan
+    # the selective options' policies, (name, the (func, occurrence) pairs kept): the block structure's other shapes
+    # take them as they are (`profile_block(policies=...)`)
+    policies: list[tuple[str, frozenset]] = field(default_factory=list, repr=False)
 
     @property
     def figures(self) -> list[BlockOption]:
@@ -158,6 +172,29 @@ def _checkpointed_runner(call: BlockCall, updates: BufferUpdates | None = None):
         # the caches' updates are the forward's alone (capture.kv_cache), composed with `recomputable`
         forward, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
         return checkpoint(recomputable(forward, block, updates), *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def _selective_runner(call: BlockCall, saved: frozenset, updates: BufferUpdates | None = None):
+    """torch.utils.checkpoint around the block with a save policy: the outputs of the operators in `saved` ((func,
+    occurrence) pairs, capture.op_record) are kept, every other operator runs again in the recomputation."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def context_fn():
+        counts: tuple[dict, dict] = ({}, {})  # the forward's and the recomputation's counts per operator
+
+        def policy(ctx, func, *args, **kwargs):  # (a cache's update is not seen: capture.kv_cache)
+            seen = counts[bool(ctx.is_recompute)]
+            k = seen.get(func, 0)
+            seen[func] = k + 1
+            return CheckpointPolicy.MUST_SAVE if (func, k) in saved else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+
+    def run(block, tensors, caches=()):
+        args, kwargs = call.rebuild(tensors, caches)
+        forward, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
+        return checkpoint(recomputable(forward, block, updates), *args, use_reentrant=False, context_fn=context_fn,
+                          **kwargs)
     return run
 
 
@@ -181,10 +218,13 @@ class _Seed(torch.autograd.Function):
         return torch.ones(g.shape, dtype=g.dtype, device=g.device)
 
 
-def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> tuple[int, int, int]:
+def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor],
+                   held_elsewhere: Callable[[], list] = list) -> tuple[int, int, int]:
     """(stash_bytes, forward_bytes, backward_bytes) of one option (see solvers.exact.option_chain), measured on one
     forward and backward of the block from fresh leaves of `tensors`. backward_bytes includes the output's incoming
-    gradient, which is allocated when the backward starts and freed once used."""
+    gradient, which is allocated when the backward starts and freed once used. What the forward made that
+    `held_elsewhere()` holds after it (a key/value cache's new entries, which the step's sites count where the step's
+    cache holds them) is neither stash nor backward."""
     inputs = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
     params = [p for p in block.parameters() if p.requires_grad]
     wrt = params + [t for t in inputs if t.requires_grad]
@@ -196,7 +236,8 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> 
         out_bytes = storage_bytes(outs)
         diff = [t for t in outs if t.requires_grad and t.grad_fn is not None and t.is_floating_point()]
         forward_bytes = tracker.peak_bytes
-        stash = max(0, tracker.live_bytes - out_bytes)
+        elsewhere = tracker.tracked_bytes(held_elsewhere())
+        stash = max(0, tracker.live_bytes - out_bytes - elsewhere)
         if diff and wrt:
             total = sum(_Seed.apply(t).sum() for t in diff)  # scalars made outside the tracker: not the block's
             seed = torch.ones_like(total)
@@ -205,7 +246,7 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -> 
                 grads = torch.autograd.grad(total, wrt, grad_outputs=seed, allow_unused=True)
                 del grads
             del total
-        backward_bytes = max(0, tracker.peak_bytes - out_bytes)
+        backward_bytes = max(0, tracker.peak_bytes - out_bytes - elsewhere)
         del out, outs, diff
     return int(stash), int(forward_bytes), int(backward_bytes)
 
@@ -233,10 +274,6 @@ def _recompute_cost(graph, nodes, cost_model: str) -> float:
     trace's cost, plus FLOPS_PER_BYTE a byte written where that cost is FLOPs (a measured time already holds it)."""
     per_byte = FLOPS_PER_BYTE if cost_model == "flops" else 0.0
     return float(sum(graph.nodes[v].cost + per_byte * graph.nodes[v].bytes for v in nodes))
-
-
-def _forward_cost(graph, cost_model: str) -> float:
-    return _recompute_cost(graph, [v for v, n in enumerate(graph.nodes) if not n.backward], cost_model)
 
 
 def _planned_cost(plan: Plan) -> float:
@@ -272,89 +309,191 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem, t
 
 
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
-                  cost_model: str = "flops", compile: bool = False, say=None, trace: bool = True) -> BlockProfile:
-    """The options of a block at this call and their figures (see the module docstring): one trace, one planning
-    problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak. The
-    call's cache objects are not the profile's: it traces the block with None in their places and measures the kept
-    and checkpointed options with throwaway copies of them (capture.kv_cache.scratch_copy). With `trace=False` (a
-    new shape of a block structure traced before) it offers the whole-block options alone, untraced."""
+                  cost_model: str = "flops", compile: bool = False, say=None, planned: bool = False,
+                  policies: list[tuple[str, frozenset]] | None = None) -> BlockProfile:
+    """The options of a block at this call and their figures (see the module docstring): the block's operators
+    recorded on one forward, the selective options a knapsack builds from them, and with `planned` one trace and one
+    planning problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak.
+    With `policies` (those of the block structure's first shape, BlockProfile.policies) the selective options are
+    those, their figures bounds derived from this shape's recording and its kept and checkpointed measurements
+    (`_derived`) instead of measurements of their own.
+    The call's cache objects are not the profile's: it records and measures with throwaway copies of them
+    (capture.kv_cache.scratch_copy) and traces the block with None in their places."""
     t0 = time.perf_counter()
     caches, call = call.caches, call.bare()
     say = say or (lambda _msg: None)
     options: list[Option] = []
     plans: dict[str, Any] = {}
-    note = ""
+    notes: list[str] = []
     nodes = 0
-    region = _Region(block, call)
-    sample = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
-    forward_cost = None
-    planned: list[tuple[str, Plan]] = []
+    planned_plans: list[tuple[str, Plan]] = []
     cut: list[str] = []  # options whose time ran out
-    if not call.plannable:
-        note = "a non-tensor argument cannot be compared between calls: the block runs eager"
-    elif not trace:
-        note = "a new shape of a block structure traced before: the whole-block options, untraced"
-    elif caches and _reads_cache(block, call, tensors, caches):
-        note = "the block reads its cache's earlier content, which a schedule traced without it cannot"
-    else:
-        try:
-            with restored(block), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                traced = trace_model(region, sample, cost_model)
-            nodes = traced.graph.n
-        except (RematError, RuntimeError, NotImplementedError, TypeError, ValueError) as e:
-            traced = None
-            note = f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-        if traced is not None:
-            problem = PlanningProblem(traced)
-            forward_cost = _forward_cost(problem.solver_graph, traced.cost_model)
-            planned = _planned_options(region, sample, problem, time_limit_s, cut)
-    kept = Option(OptionKind.KEPT, BlockOption(OptionKind.KEPT.value, 0.0, 0, 0, 0), _kept_runner(call))
     updates = BufferUpdates()  # the buffers the block updates: the kept measurement, first, learns them
-    ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
-                  _checkpointed_runner(call, updates))
-    if forward_cost is None:
-        forward_cost = _measured_cost(block, call, tensors, caches)
-    candidates = [(kept, 0.0), (ckpt, forward_cost)] if call.plannable else [(kept, 0.0)]
-    for name, p in planned:
-        candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
-                                  _planned_runner(p, region, compile)),
-                           _planned_cost(p)))
-        plans[name] = p
+    kept = Option(OptionKind.KEPT, BlockOption(OptionKind.KEPT.value, 0.0, 0, 0, 0), _kept_runner(call))
+    candidates: list[tuple[Option, float]] = [(kept, 0.0)]
+    derived: list[tuple[Option, frozenset, float]] = []  # selective options whose figures are derived, not measured
+    policy_list: list[tuple[str, frozenset]] = []
+    records: list[OpRecord] = []
+    if not call.plannable:
+        notes.append("a non-tensor argument cannot be compared between calls: the block runs eager")
+    else:
+        records = _record_ops(block, call, tensors, caches)
+        ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
+                      _checkpointed_runner(call, updates))
+        candidates.append((ckpt, sum(op_cost(r) for r in records)))
+        chosen = selective_options(records) if policies is None else \
+            [(name, saved, selective_cost(records, saved)) for name, saved in policies]
+        for name, saved, cost in chosen:
+            opt = Option(OptionKind.SELECTIVE, BlockOption(name, 0.0, 0, 0, 0), _selective_runner(call, saved, updates))
+            if policies is None:
+                candidates.append((opt, cost))
+            else:
+                derived.append((opt, saved, cost))
+            policy_list.append((name, saved))
+        if planned:
+            planned_plans, nodes = _traced_options(block, call, tensors, caches, time_limit_s, cost_model, notes, cut)
+            region = _Region(block, call)
+            for name, p in planned_plans:
+                candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
+                                          _planned_runner(p, region, compile)), _planned_cost(p)))
+                plans[name] = p
     seen = set()
     draws: list[bool] = []  # the kept measurement drew from Python's or numpy's generator
+    scratch: list = []  # the measured call's cache copies, held through its measurement
+
+    def cache_held() -> list:
+        return [t for c in scratch for t in cache_tensors(c)]
+
     for opt, cost in candidates:
+        scratch[:] = _scratch(caches)
         if opt.kind is OptionKind.KEPT:  # copies made before the measurement, compared within it
             def measured(ts, run=opt.run, values={n: b.detach().clone() for n, b in block.named_buffers()}):
                 host = host_rng_state()
-                out = updates.run(block, values, run, block, ts, _scratch(caches))[0]
+                out = updates.run(block, values, run, block, ts, tuple(scratch))[0]
                 draws.append(not same_host_rng(host, host_rng_state()))
                 return out
         elif opt.kind is OptionKind.PLANNED and any(draws):
             # a traced schedule would replay the trace's draws as constants and draw nothing: not an option
             plans.pop(opt.figures.name, None)
-            if "draws from Python's" not in note:
-                said = "the block draws from Python's or numpy's generator, which a schedule cannot replay"
-                note = f"{note}; {said}" if note else said
+            said = "the block draws from Python's or numpy's generator, which a schedule cannot replay"
+            if said not in notes:
+                notes.append(said)
             continue
         else:
             def measured(ts, run=opt.run):
-                return run(block, ts, _scratch(caches))
-        stash, fwd, bwd = measure_option(block, measured, tensors)
-        if (stash, fwd, bwd) in seen and opt.kind is OptionKind.PLANNED:
+                return run(block, ts, tuple(scratch))
+        stash, fwd, bwd = measure_option(block, measured, tensors, cache_held)
+        scratch.clear()
+        if (stash, fwd, bwd) in seen and opt.kind in (OptionKind.PLANNED, OptionKind.SELECTIVE):
             continue
         seen.add((stash, fwd, bwd))
         opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
         options.append(opt)
+    for opt, saved, cost in derived:
+        figures = _derived(options[0].figures, _whole(options).figures, records, saved)
+        if figures is not None:
+            opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
+            options.append(opt)
     seconds = time.perf_counter() - t0
-    say(f"block {type(block).__name__}: {nodes} nodes, options " +
+    say(f"block {type(block).__name__}: options " +
         ", ".join(f"{o.figures.name} (stash {o.figures.stash_bytes / 1e6:.2f} MB)" for o in options) +
         f", {seconds:.2f} s")
     if cut:
         share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
-        said = f"{', '.join(cut)}: no schedule found in its share of the time limit ({share:.2f} s; raise time_limit_s)"
-        note = f"{note}; {said}" if note else said
-    return BlockProfile(call.key, options, seconds, note, nodes, plans)
+        notes.append(f"{', '.join(cut)}: no schedule found in its share of the time limit ({share:.2f} s; raise "
+                     "time_limit_s)")
+    return BlockProfile(call.key, options, seconds, "; ".join(notes), nodes, plans, policy_list)
+
+
+def _whole(options: list[Option]) -> Option:
+    """The checkpointed option (the kept one where the block cannot be checkpointed)."""
+    return next((o for o in options if o.kind is OptionKind.CHECKPOINTED), options[0])
+
+
+def _derived(kept: BlockOption, ckpt: BlockOption, records: list[OpRecord], saved: frozenset) -> BlockOption | None:
+    """Bounds on a selective option's figures from this shape's kept and checkpointed ones and its recording (None
+    where the recording lacks an operator the policy keeps: the block took another path). It stashes what
+    checkpointing does and the outputs it keeps (selective checkpointing holds exactly those); its forward holds no
+    more than checkpointing's and that stash, nor than keeping everything (what it keeps, autograd keeps too); its
+    backward recomputes what the block's backward reads, as checkpointing's does."""
+    by = {(r.func, r.occurrence): r for r in records}
+    if any(k not in by for k in saved):
+        return None
+    kept_bytes = sum(by[k].out_bytes for k in saved)
+    stash = ckpt.stash_bytes + kept_bytes
+    return BlockOption("", 0.0, stash, min(kept.forward_bytes, ckpt.forward_bytes + stash),
+                       max(kept.backward_bytes, ckpt.backward_bytes))
+
+
+def _traced_options(block, call: BlockCall, tensors, caches: tuple, time_limit_s: float, cost_model: str,
+                    notes: list[str], cut: list[str]) -> tuple[list[tuple[str, Plan]], int]:
+    """The planned options of a block (`_planned_options`) and its trace's node count; none, with the reason in
+    `notes`, where the block reads its cache's earlier content or cannot be traced."""
+    if caches and _reads_cache(block, call, tensors, caches):
+        notes.append("the block reads its cache's earlier content, which a schedule traced without it cannot")
+        return [], 0
+    region = _Region(block, call)
+    sample = tuple(t.detach().requires_grad_(t.requires_grad) for t in tensors)
+    try:
+        with restored(block), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = trace_model(region, sample, cost_model)
+    except (RematError, RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        notes.append(f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+        return [], 0
+    return _planned_options(region, sample, PlanningProblem(traced), time_limit_s, cut), traced.graph.n
+
+
+# A selective option runs a Python save policy on every operator of the block's forward and of its recomputation:
+# some 23 microseconds an operator, measured on this project's CPU machine (2026-12-07: a chain of 150 small operators
+# checkpointed with and without a policy), where one core runs about 1e11 FLOP/s; this many FLOPs an operator stand
+# for it, so that a selective option keeping little is not ranked ahead of plain checkpointing.
+SELECTIVE_OVERHEAD_FLOPS = 2e6
+
+
+def op_cost(r: OpRecord) -> float:
+    """What running one recorded operator again costs in the ranking's unit (`_recompute_cost` under FLOPs)."""
+    return float(r.flops) + FLOPS_PER_BYTE * r.written_bytes
+
+
+def selective_options(records: list[OpRecord]) -> list[tuple[str, frozenset, float]]:
+    """(name, the (func, occurrence) pairs to keep, recompute cost) of each selective option: for each of
+    SELECTIVE_FRACTIONS of the bytes of the savable operators' outputs, the knapsack's most recompute saved within
+    it; options keeping nothing, or what a larger fraction keeps, left out."""
+    savable = [r for r in records if r.savable and r.out_bytes > 0]
+    total = sum(r.out_bytes for r in savable)
+    if not savable or total <= 0:
+        return []
+    picks = knapsack([r.out_bytes for r in savable], [op_cost(r) for r in savable],
+                     [int(f * total) for f in SELECTIVE_FRACTIONS])
+    out, seen = [], set()
+    for frac, pick in zip(SELECTIVE_FRACTIONS, picks):
+        saved = frozenset((savable[i].func, savable[i].occurrence) for i in pick)
+        if not saved or saved in seen:
+            continue
+        seen.add(saved)
+        out.append((f"{OptionKind.SELECTIVE.value}@{frac:g}", saved, selective_cost(records, saved)))
+    return out
+
+
+def selective_cost(records: list[OpRecord], saved: frozenset) -> float:
+    """What a selective option keeping `saved` computes again (every operator it does not keep runs again), and its
+    policy's overhead on every operator."""
+    again = sum(op_cost(r) for r in records if (r.func, r.occurrence) not in saved)
+    return again + SELECTIVE_OVERHEAD_FLOPS * len(records)
+
+
+def _record_ops(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> list[OpRecord]:
+    """The operators of one forward of the block at this call (capture.op_record), with gradients on as in training;
+    the block's buffers and the generators as they were before, the output dropped."""
+    with restored(block), torch.enable_grad():
+        scratch = _scratch(caches)  # held here: the stand-ins hold them weakly
+        args, kwargs = call.rebuild([t.detach().requires_grad_(t.requires_grad) for t in tensors], scratch)
+        # through the caches' stand-ins, as the selective runner calls it (their updates marked)
+        forward, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
+        records = record_forward(forward, *args, **kwargs)[1]
+        del scratch
+        return records
 
 
 def _scratch(caches: tuple) -> tuple:
@@ -366,18 +505,6 @@ def _reads_cache(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple
     with restored(block):
         args, kwargs = call.rebuild([t.detach() for t in tensors], caches)
         return reads_cache(original_forward(block), args, kwargs)
-
-
-def _measured_cost(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> float:
-    """One forward of the block in the ranking's unit (`_recompute_cost` under FLOPs): its FLOPs
-    (torch.utils.flop_counter) plus FLOPS_PER_BYTE a byte it creates; for a block profiled without a trace."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter, tracker = FlopCounterMode(display=False), StorageTracker()
-    with restored(block), torch.no_grad(), counter, tracker:
-        args, kwargs = call.rebuild([t.detach() for t in tensors], _scratch(caches))
-        original_forward(block)(*args, **kwargs)
-    return float(counter.get_total_flops()) + FLOPS_PER_BYTE * tracker.created_bytes
 
 
 def structure_key(key: tuple) -> tuple:

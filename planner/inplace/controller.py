@@ -2,9 +2,9 @@
 
 The model stays the user's object and class. Each repeated block (capture.module_tags.repeated_blocks, or
 `blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
-of the block's options (inplace.block_region: kept, checkpointed whole, or a schedule planned for the block alone);
-everything outside the blocks runs as written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see
-the model they know.
+of the block's options (inplace.block_region: kept, checkpointed whole, selective checkpointing with a per-operator
+save policy, or, with `planned=True`, a schedule planned for the block alone); everything outside the blocks runs as
+written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see the model they know.
 
 The plan is made lazily, per key of a training call (the shapes, dtypes and non-tensor values of the model's
 inputs, the autocast state, which parameters require grad):
@@ -38,6 +38,7 @@ from functools import cached_property
 from typing import Callable
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from capture.call import FlatCall
@@ -282,13 +283,14 @@ class InPlaceController:
     """The in-place planner of one model (see the module docstring); `planner.enable` returns it."""
 
     def __init__(self, model: torch.nn.Module, budget_bytes: int, block_names: list[str], *, time_limit_s: float,
-                 compile: bool, cost_model: str, progress: bool | Callable[[str], None]):
+                 compile: bool, cost_model: str, progress: bool | Callable[[str], None], planned: bool = False):
         self.model = model
         self.budget_bytes = int(budget_bytes)
         self.block_names = list(block_names)
         self.blocks = [model.get_submodule(n) for n in block_names]
         self.time_limit_s = float(time_limit_s)
         self.compile = compile
+        self.planned = planned or compile
         self.cost_model = cost_model
         self.progress = progress
         self._reset_caches()
@@ -297,6 +299,7 @@ class InPlaceController:
     def _reset_caches(self) -> None:
         self.profiles: dict[tuple, BlockProfile] = {}
         self.traced_structures: set[tuple] = set()  # block structures (block_region.structure_key) traced once
+        self.policies: dict[tuple, list] = {}  # block structure -> its selective options' policies (first shape's)
         self.uncovered: set[tuple] = set()  # root keys whose blocks a covering measurement did not match
         self.measured: dict[tuple, _Measured] = {}
         self.seen_keys: dict[tuple, list[tuple]] = {}  # root key -> the blocks' key tuples seen, latest last
@@ -304,6 +307,7 @@ class InPlaceController:
         self.records: list[StepRecord] = []
         self._step: _Step | None = None
         self._open_probe: _Probe | None = None
+        self._release_hook = None  # the optimizer step pre-hook taking _open_probe off (_release_at_optimizer_step)
         self.plan_seconds = 0.0
 
     # ---- copying and pickling: the caches are rebuilt lazily -----------------------------------------------
@@ -317,6 +321,7 @@ class InPlaceController:
         new.block_names = list(self.block_names)
         new.blocks = [copy.deepcopy(b, memo) for b in self.blocks]
         new.time_limit_s, new.compile, new.cost_model = self.time_limit_s, self.compile, self.cost_model
+        new.planned = self.planned
         new.progress = self.progress
         new._reset_caches()
         new._handles = copy.deepcopy(self._handles, memo)
@@ -324,8 +329,8 @@ class InPlaceController:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "traced_structures", "uncovered", "measured", "seen_keys", "choices", "records", "_step",
-                  "_open_probe", "_say"):
+        for k in ("profiles", "traced_structures", "policies", "uncovered", "measured", "seen_keys", "choices",
+                  "records", "_step", "_open_probe", "_release_hook", "_say"):
             state.pop(k, None)
         return state
 
@@ -417,11 +422,34 @@ class InPlaceController:
     def _stop_probes(self) -> None:
         if self._step is not None and self._step.probe is not None:
             self._step.probe.stop()
+        self._stop_open_probe()
+        self._step = None
+
+    def _stop_open_probe(self) -> None:
         if self._open_probe is not None:  # a measuring call's, left on through its backward
             self._open_probe.stop()
             self._open_probe = None
-        self._step = None
+        if self._release_hook is not None:
+            self._release_hook.remove()
+            self._release_hook = None
 
+    def _release_at_optimizer_step(self) -> None:
+        """Take the open probe off the thread's mode stack at the next optimizer step (any torch optimizer's: a global
+        step pre-hook, removed when it fires), which runs after the backward, in the caller's frame, where taking it
+        off holds; else it goes at the model's next call. Meanwhile every op of the thread runs under it (slower, and
+        a compiled backward of another model refuses a Python mode)."""
+        if self._release_hook is not None:
+            return
+        me = weakref.ref(self)
+
+        def release(_optimizer, _args, _kwargs):
+            state = me()
+            if state is not None:
+                state._stop_open_probe()
+            return None
+        self._release_hook = register_optimizer_step_pre_hook(release)
+
+    @torch.compiler.disable
     def _pre_forward(self, module, args, kwargs):
         self._stop_probes()
         if not (torch.is_grad_enabled() and module.training):
@@ -460,6 +488,7 @@ class InPlaceController:
                                                                *step.inputs)}
         return storage_bytes([t for t in tensors if StorageWeakRef(t.untyped_storage()) not in held])
 
+    @torch.compiler.disable
     def _post_forward(self, module, args, kwargs, out):
         if out is None:  # the forward raised (this hook is always called): nothing measured, nothing left on
             self._stop_probes()
@@ -484,6 +513,7 @@ class InPlaceController:
             # the probe stays on through the caller's backward (see _watch_backward), until its end or the next call
             step.probe.reset_peak()
             self._open_probe = step.probe
+            self._release_at_optimizer_step()
             step.probe = None
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             m.output_bytes = storage_bytes(outs)
@@ -639,7 +669,7 @@ class InPlaceController:
         return choice
 
     def _options(self, key: tuple, whole: bool) -> list:
-        """A profile's options; with `whole`, those that run at any shape (kept, checkpointed)."""
+        """A profile's options; with `whole`, those that run at any shape (kept, checkpointed, selective)."""
         options = self.profiles[key].options
         return [o for o in options if o.kind is not OptionKind.PLANNED] if whole else options
 
@@ -688,13 +718,17 @@ class InPlaceController:
         prof = self.profiles.get(call.key)
         if prof is None:
             t0 = time.perf_counter()
-            # a block structure is traced at its first shape; its other shapes get the whole-block options
+            # with `planned`, a block structure is traced at its first shape; its other shapes get the options that
+            # run at any shape (kept, checkpointed, selective)
+            # (kept, checkpointed, selective); the selective options' policies are the first shape's
             structure = structure_key(call.key)
-            trace = structure not in self.traced_structures
+            trace = self.planned and structure not in self.traced_structures
             self.traced_structures.add(structure)
+            policies = self.policies.get(structure)
             prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
                                                    cost_model=self.cost_model, compile=self.compile, say=self._say,
-                                                   trace=trace))
+                                                   planned=trace, policies=policies))
+            self.policies.setdefault(structure, prof.policies)
             if trace:  # tracing and planning leave reference cycles (fx graphs) that hold views of this call's
                 gc.collect()  # tensors (the sample they traced with): collected now, not later in this step's backward
             self.plan_seconds += time.perf_counter() - t0
@@ -791,6 +825,7 @@ class _BlockForward:
         self.state = state
         self.block = block
 
+    @torch.compiler.disable
     def __call__(self, *args, **kwargs):
         return self.state.run_block(self.block, args, kwargs)
 
@@ -828,19 +863,22 @@ def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
 
 def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 5.0,
            compile: bool = False, progress: bool | Callable[[str], None] = False,
-           cost_model: str = "flops") -> InPlaceController:
+           cost_model: str = "flops", planned: bool = False) -> InPlaceController:
     """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step
     (see the module docstring); returns the planner (also `inplace_plan(model)`).
 
     blocks: module names or classes of the blocks (default: capture.module_tags.repeated_blocks).
-    time_limit_s: per new block shape, for tracing and planning it.
-    compile: run planned blocks through inductor (planner.execution.inductor).
+    time_limit_s: per block structure, for tracing and planning it (`planned`).
+    planned: also offer schedules the solving core plans for each block structure at its first shape, run by the
+        project's executor (block_region's "planned@f").
+    compile: offer the planned schedules and run them through inductor (planner.execution.inductor).
     """
 
     if _ATTR in model.__dict__:
         raise ValueError("the planner is already enabled on this model: planner.disable(model) first")
     state = InPlaceController(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
-                               time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress)
+                               time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress,
+                               planned=planned)
     state._install()
     model.__dict__[_ATTR] = state
     return state

@@ -128,7 +128,7 @@ def test_the_in_place_profiler_builds_one_problem_and_one_graph_per_block_struct
 
     model, batch = build("llama", "test")  # row 1 has 48 tokens, the others 64
     batch["labels"] = batch["input_ids"].clone()
-    ctl = planner.enable(model, budget_gb=1000.0, time_limit_s=2.0)
+    ctl = planner.enable(model, budget_gb=1000.0, time_limit_s=2.0, planned=True)
     try:
         for length in (40, 64):  # two block structures, each at its first shape
             model(**{k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}).loss.backward()

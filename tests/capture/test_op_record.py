@@ -1,0 +1,40 @@
+"""capture.op_record: which operators a save policy may keep, and their identities."""
+from __future__ import annotations
+
+import torch
+
+from capture.op_record import record_forward
+
+aten = torch.ops.aten
+
+
+def _forward(lin, x):
+    h = lin(x)  # addmm: relu's backward reads relu's output, not this one
+    a = torch.relu(h)
+    b = torch.nn.functional.dropout(a, 0.5, training=True)  # random: never kept
+    c = b.t()  # a view
+    d = lin(c.t().contiguous())
+    e = d * 2
+    e.add_(1)  # writes e in place: e's maker (mul) cannot be kept
+    return torch.tanh(e).sum()
+
+
+def test_savable_operators_and_occurrences():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    _, records = record_forward(_forward, lin, x)
+    by = {(r.func, r.occurrence): r for r in records}
+    assert by[(aten.addmm.default, 0)].occurrence == 0 and (aten.addmm.default, 1) in by  # the second linear
+    assert not by[(aten.t.default, 0)].savable  # a view
+    random = [r for r in records if torch.Tag.nondeterministic_seeded in r.func.tags]
+    assert random and not any(r.savable for r in random)
+    # dropout's mask is made, then drawn into in place: not savable; e's maker (the second mul) is written by add_
+    assert all(not r.savable for r in records if r.func in (aten.empty_like.default, aten.bernoulli_.float))
+    assert not by[(aten.mul.Tensor, 1)].savable and "written in place" in by[(aten.mul.Tensor, 1)].why_not
+    assert not by[(aten.addmm.default, 0)].savable  # "autograd keeps none of its outputs"
+    assert by[(aten.relu.default, 0)].savable  # relu's backward reads its output
+    assert by[(aten.tanh.default, 0)].savable  # as tanh's does
+    assert not by[(aten.sum.default, 0)].savable  # nothing keeps the loss: "autograd keeps none of its outputs"
+    assert by[(aten.addmm.default, 0)].flops == 2 * 4 * 8 * 8
+    assert by[(aten.relu.default, 0)].out_bytes == 4 * 8 * 4

@@ -1,0 +1,106 @@
+"""The selective options of the in-place planner: torch's selective activation checkpointing around a block with a
+per-operator save policy a knapsack chose (planner.inplace.block_region). Each option trains as the block's own
+forward does, dropout included; the chain picks one where it recomputes least within the budget; the policy, keyed
+by the operators' order, serves other lengths of the block's structure."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import planner
+import planner.inplace.block_region as region_module
+from capture.measure_memory import StorageTracker, storage_bytes
+from planner.inplace.block_region import BlockCall, OptionKind, profile_block
+from planner.tools.baselines import per_block_checkpointed
+from planner.tools.measure import measure_peak_bytes
+
+pytest.importorskip("transformers")
+from examples.hf_zoo import build  # noqa: E402
+
+
+def _first_block_call(model, batch):
+    """(the first block, its args, its kwargs) as the model calls it."""
+    from capture.module_tags import repeated_blocks
+
+    block = model.get_submodule(repeated_blocks(model)[0])
+    seen = {}
+
+    def grab(_m, args, kwargs):
+        seen["call"] = (tuple(a.detach() if torch.is_tensor(a) else a for a in args),
+                        {k: v.detach() if torch.is_tensor(v) else v for k, v in kwargs.items()})
+    handle = block.register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        model(**batch)
+    handle.remove()
+    return block, *seen["call"]
+
+
+def _step(block, run, tensors, seed):
+    """Output and gradients (of the parameters and the differentiable inputs) of one forward and backward."""
+    leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in tensors]
+    torch.manual_seed(seed)
+    out = run(leaves)
+    hidden = out[0] if isinstance(out, tuple) else out
+    wrt = [p for p in block.parameters()] + [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(hidden.square().sum(), wrt, allow_unused=True)
+    return hidden.detach(), grads
+
+
+def test_every_selective_option_is_the_blocks_own_forward_dropout_included():
+    model, batch = build("gpt2", "test")  # GPT-2's default dropout in every block
+    block, args, kwargs = _first_block_call(model, batch)
+    call, tensors = BlockCall.of(block, args, kwargs)
+    prof = profile_block(block, call, tensors, time_limit_s=2.0)
+    selective = [o for o in prof.options if o.kind is OptionKind.SELECTIVE]
+    assert selective and all(o.figures.stash_bytes < prof.options[0].figures.stash_bytes for o in selective)
+    kept = prof.options[0]
+    assert kept.kind is OptionKind.KEPT
+    want_out, want_grads = _step(block, lambda ts: kept.run(block, ts), tensors, seed=5)
+    for opt in selective:
+        out, grads = _step(block, lambda ts, o=opt: o.run(block, ts), tensors, seed=5)
+        assert torch.equal(out, want_out), opt.figures.name
+        assert all((g is None and w is None) or torch.equal(g, w) for g, w in zip(grads, want_grads)), opt.figures.name
+
+
+def _peak_of_step(model, batch) -> int:
+    tracker = StorageTracker()
+    with tracker:
+        model(**batch).loss.backward()
+    return tracker.peak_bytes
+
+
+def test_the_chain_runs_selective_blocks_within_the_budget_and_trains_as_eager(monkeypatch):
+    """With the policy's overhead taken as free (at this tiny width it outweighs every recompute saved), a budget
+    between per-block checkpointing's peak and eager's is met with selective blocks; AdamW steps equal eager's, and
+    a shorter batch (covered by the first) runs the same policies."""
+    monkeypatch.setattr(region_module, "SELECTIVE_OVERHEAD_FLOPS", 0.0)
+    model, batch = build("llama", "test")
+    batch["labels"] = batch["input_ids"].clone()
+    twin = copy.deepcopy(model)
+    resident = storage_bytes(list(model.parameters()))
+    low = measure_peak_bytes(per_block_checkpointed(model), batch)
+    high = _peak_of_step(copy.deepcopy(model), batch) + resident
+    budget = (low + high) // 2
+    state = planner.enable(model, budget / 1e9, time_limit_s=2.0)
+    opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, twin))
+    try:
+        for seed, length in enumerate((64, 64, 64, 56)):
+            part = {k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}
+            for m, o in ((model, opt), (twin, opt_twin)):
+                torch.manual_seed(seed)
+                m(**part).loss.backward()
+                o.step()
+                o.zero_grad(set_to_none=True)
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters())), length
+            if seed == 2:
+                chosen = state.records[-1].options
+                assert any(n.startswith("selective@") for n in chosen), state.explain()
+                assert state.records[-1].predicted_peak_bytes <= budget
+                assert _peak_of_step(model, batch) + resident <= budget
+                model.zero_grad(set_to_none=True)
+        assert state.records[-1].mode == "planned"  # the shorter batch: covered, nothing measured
+        assert any(n.startswith("selective@") for n in state.records[-1].options)
+    finally:
+        planner.disable(model)
