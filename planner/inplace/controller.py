@@ -31,6 +31,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from enum import Enum
@@ -38,10 +39,12 @@ from functools import cached_property
 from typing import Callable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from capture.call import FlatCall
+from capture.kv_cache import cache_tensors, is_cache
 from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
 from capture.module_tags import repeated_blocks
 from capture.state import autocast_as, autocast_state, cuda_devices_in_use
@@ -59,6 +62,9 @@ from planner.inplace.block_region import (
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
 _ATTR = "_remat_inplace"
+# a refusal at a measuring call's return names the least budget a choice meets, its backward estimated, this much
+# above it (the backward, read at the next call, can hold a little more than the estimate)
+FORWARD_REFUSAL_MARGIN = 0.001
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +240,11 @@ class _Measured:
     tail_backward: int | None = None
     grads_then: tuple | None = None  # InPlaceController._new_grads of the measuring call
     tail_started: bool = False  # the first block's backward has ended
+    # the model's outputs' storages (weakly), and the bytes of those the caller had let go when the backward began: a
+    # later call's caller may keep them through its backward, which the sites then count (`_sites`)
+    output_storages: list = field(default_factory=list)
+    dropped_output_bytes: int = 0
+    held_output_bytes: int = 0  # of the outputs (and their cache), what the caller still held then
     first_input_grad: bool = True  # the first block has an input that requires grad (else nothing follows its backward)
 
 
@@ -267,6 +278,7 @@ class _Step:
     # a call no larger than a measured one of its structure: that one's root key, whose figures bound this call's
     cover: tuple | None = None
     chosen: list = field(default_factory=list)  # the options run, by block (planned calls)
+    last_output_node: object = None  # the last block's output's autograd node (planned calls)
 
 
 @dataclass
@@ -307,6 +319,9 @@ class InPlaceController:
         self.records: list[StepRecord] = []
         self._step: _Step | None = None
         self._open_probe: _Probe | None = None
+        # a planned call's caller was seen holding more of the model's outputs through its backward than the measuring
+        # call's did: the chain counts them from then on (`_watch_outputs`)
+        self.caller_keeps_outputs = False
         self._release_hook = None  # the optimizer step pre-hook taking _open_probe off (_release_at_optimizer_step)
         self.plan_seconds = 0.0
 
@@ -482,8 +497,6 @@ class InPlaceController:
 
     def _made_in_step_bytes(self, step: _Step, tensors) -> int:
         """Bytes of `tensors` not sharing storage with the parameters, buffers or the model's inputs."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         held = {StorageWeakRef(t.untyped_storage()) for t in (*self.model.parameters(), *self.model.buffers(),
                                                                *step.inputs)}
         return storage_bytes([t for t in tensors if StorageWeakRef(t.untyped_storage()) not in held])
@@ -517,9 +530,14 @@ class InPlaceController:
             step.probe = None
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             m.output_bytes = storage_bytes(outs)
+            # what the caller may hold through the backward: the outputs, and the key/value cache among them
+            held = outs + [t for c in tree_leaves(out) if is_cache(c) for t in cache_tensors(c)]
+            m.output_storages = [(StorageWeakRef(t.untyped_storage()), storage_bytes([t])) for t in held]
             m.output_grad_bytes = storage_bytes([t for t in outs if t.requires_grad and t.is_floating_point()])
             m.used_after = [weakref.ref(p) for p in _parameters_reached(outs, step.block_outputs)]
             step.block_outputs = []
+        if step.mode is StepMode.PLANNED and step.last_output_node is not None and not self.caller_keeps_outputs:
+            self._watch_outputs(step, out)
         keys = tuple(step.keys)
         if step.mode is StepMode.MEASURE and len(step.measured.forward_start) == len(keys):
             self.measured[(step.root_key, keys)] = step.measured
@@ -533,6 +551,31 @@ class InPlaceController:
             self._check_forward_fits(step.root_key, keys, step.resident_bytes)
         self._step = None
         return None
+
+    def _watch_outputs(self, step: _Step, out) -> None:
+        """At the last block's backward of a planned call: where the caller holds more of the model's outputs (and
+        their cache) than the measuring call's caller did (a loop keeping `out` after one that let it go), this step
+        can exceed the chain's prediction by the difference; warn, and count them in every later choice."""
+        measured = next((m for (rk, _), m in self.measured.items() if rk == (step.cover or step.root_key)), None)
+        if measured is None or not measured.dropped_output_bytes:
+            return
+        leaves = tree_leaves(out)
+        held = [t for t in leaves if isinstance(t, torch.Tensor)]
+        held += [t for c in leaves if is_cache(c) for t in cache_tensors(c)]
+        refs = {StorageWeakRef(t.untyped_storage()): storage_bytes([t]) for t in held}
+        me = weakref.ref(self)
+
+        def check(_grad_outputs):
+            state = me()
+            alive = sum(b for ref, b in refs.items() if not ref.expired())
+            if state is not None and not state.caller_keeps_outputs and alive > measured.held_output_bytes:
+                state.caller_keeps_outputs = True
+                warnings.warn(
+                    f"planner.enable: this call's caller holds {alive - measured.held_output_bytes} more bytes of the "
+                    "model's outputs through the backward than the first call of its shape did; this step may exceed "
+                    "the budget by up to that much, and every later choice counts them", RuntimeWarning, stacklevel=2)
+            return None
+        step.last_output_node.register_prehook(check)
 
     def _watch_backward(self, step: _Step, i: int, node, block_input: torch.Tensor | None) -> None:
         """Read the measuring call's backward as the caller runs it (into step.measured), bytes above the step's
@@ -556,6 +599,10 @@ class InPlaceController:
             incoming = storage_bytes([g for g in grad_outputs if g is not None])
             if i == len(measured.forward_start) - 1 and measured.head_backward is None:
                 measured.head_backward = offset + probe.peak()
+                everything = dict(measured.output_storages)
+                measured.dropped_output_bytes = sum(b for ref, b in everything.items() if ref.expired())
+                measured.held_output_bytes = sum(b for ref, b in everything.items() if not ref.expired())
+                measured.output_storages = []
                 measured.grads_then = self._new_grads(measured, lambda p: id(p) in grads_before)
                 torch.autograd.Variable._execution_engine.queue_callback(at_end)
             measured.backward_start[i] = offset + max(0, probe.live() - incoming)
@@ -619,12 +666,16 @@ class InPlaceController:
             def more(now: int, then: int) -> int:
                 return min(max(0, now - then), now - then + adding)
 
-            backward_start = tuple(measured.backward_start[i] + more(later[i] + head, later_then[i] + head_then)
+            # outputs the measuring call's caller let go before its backward, held by a later caller (seen so once:
+            # `_watch_outputs`) through its own
+            kept = measured.dropped_output_bytes if self.caller_keeps_outputs else 0
+            backward_start = tuple(measured.backward_start[i] + kept + more(later[i] + head, later_then[i] + head_then)
                                    for i in range(n))
             # the tail (after every block's backward) holds no block's stash: a site of its own
-            end = measured.tail_backward + more(sum(per_block) + head + before, sum(per_then) + head_then + before_then)
+            end = measured.tail_backward + kept + more(sum(per_block) + head + before,
+                                                       sum(per_then) + head_then + before_then)
             return ChainSites(tuple(measured.forward_start), backward_start,
-                              max(measured.after_peak, measured.head_backward + more(head, head_then)), end)
+                              max(measured.after_peak, measured.head_backward + kept + more(head, head_then)), end)
         else:  # no backward seen: what was live at the block's start and survived, and all the outputs
             alive = measured.surviving if len(measured.surviving) == n else measured.forward_start
             held = [alive[i] + measured.output_bytes for i in range(n)]
@@ -642,13 +693,24 @@ class InPlaceController:
             [measured.after_peak] + [f + min(o.forward_bytes for o in opts)
                                      for f, opts in zip(measured.forward_start, options)])
         if forward_least > self.budget_bytes:
-            self._choose(root_key, keys, resident_bytes)  # raises, naming the least budget a choice meets
+            try:
+                self._choose(root_key, keys, resident_bytes)  # raises, naming the least budget a choice meets
+            except InfeasibleBudgetError as e:
+                # the backward is not read yet (its sites are estimated): the budget named has a margin of
+                # FORWARD_REFUSAL_MARGIN, so that the next call, the backward read, is met at it
+                least = math.ceil((e.min_budget_bytes or 0) * (1 + FORWARD_REFUSAL_MARGIN))
+                raise InfeasibleBudgetError(
+                    self.budget_bytes, least, "in-place",
+                    f"the forward of this call alone exceeds it under every choice of one option per block; the "
+                    f"least budget a choice meets at this call, its backward estimated, is {least / GB:.6f} GB") \
+                    from None
 
     def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int, whole: bool = False) -> ChainChoice:
         """The chain's choice for a call of `keys` measured under `root_key`; with `whole`, among the whole-block
         options alone (`_options`)."""
         measured = self.measured[(root_key, keys)]
-        ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None, whole)
+        ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None, whole,
+              self.caller_keeps_outputs)
         hit = self.choices.get(ck)
         if hit is not None:
             return hit
@@ -743,6 +805,9 @@ class InPlaceController:
         else:
             option = _whole(prof)
         out = option.run(block, tensors, call.caches)  # cache objects reach the kept and checkpointed options alone
+        if step.mode is StepMode.PLANNED:
+            step.last_output_node = next((t.grad_fn for t in tree_leaves(out)
+                                          if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
         if step.mode is StepMode.MEASURE:
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
             step.block_outputs += [t.grad_fn for t in outs if t.grad_fn is not None]

@@ -359,3 +359,40 @@ def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
     assert [r.mode for r in state.records[-2:]] == ["planned", "planned"]  # 32 and 60: covered
     assert not any(name.startswith("planned") for name in state.records[-1].options)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters()))
+
+
+def test_a_caller_that_starts_keeping_the_outputs_is_warned_once_and_counted():
+    """The measuring call's caller let the outputs go before its backward (`model(**batch).loss.backward()`); a later
+    one keeps them (`out = model(**batch); out.loss.backward()`): that step is warned of, and from the next one on the
+    chain counts them, every step's measured peak within the budget."""
+    import warnings
+
+    from capture.measure_memory import StorageTracker, storage_bytes
+
+    model, batch = build("llama", "test")
+    batch["labels"] = batch["input_ids"].clone()
+    resident = storage_bytes([*model.parameters(), *model.buffers()])
+    budget = measure_peak_bytes(per_block_checkpointed(model), batch)  # (run_step keeps the outputs)
+    state = planner.enable(model, budget * 1.15 / 1e9, time_limit_s=LIMIT_S)
+    try:
+        for _ in range(2):  # measuring, then planned: the outputs let go
+            model(**batch).loss.backward()
+            model.zero_grad(set_to_none=True)
+        assert not state.caller_keeps_outputs
+        with pytest.warns(RuntimeWarning, match="holds .* more bytes of the model's outputs"):
+            out = model(**batch)
+            out.loss.backward()
+        del out
+        model.zero_grad(set_to_none=True)
+        assert state.caller_keeps_outputs
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            tracker = StorageTracker()
+            with tracker:
+                out = model(**batch)
+                out.loss.backward()
+            del out
+        assert tracker.peak_bytes + resident <= state.budget_bytes
+        assert state.records[-1].predicted_peak_bytes <= state.budget_bytes
+    finally:
+        planner.disable(model)
