@@ -9,12 +9,14 @@
 - `out_bytes`: the bytes of the new storages its outputs hold (a view or an alias of an input holds none);
 - `flops` (torch.utils.flop_counter's formulas) and `written_bytes` (its outputs' bytes; none for a view): what
   running it again costs;
-- `savable`, or why not: a policy may keep an operator's outputs only where that is safe and helps. Autograd saves
-  them for the backward (`record_forward` watches its saved-tensor hooks; keeping anything else would hold more than
-  eager holds), not a view or an in-place/out= operator (its output is an input's storage), not a random operator
-  (a recomputation that skipped its draw would shift the draws of the random operators after it), no output
-  aliasing an input, and no output whose storage a later operator of the forward writes in place (the kept copy
-  would be the written one).
+- `needed`: autograd saves one of its outputs' storages for the backward (`record_forward` watches its saved-tensor
+  hooks). A recomputation stops once it has made the last needed output (torch.utils.checkpoint's early stop), so
+  what runs after that operator is never computed again;
+- `savable`, or why not: a policy may keep an operator's outputs only where that is safe. Not a view or an
+  in-place/out= operator (its output is an input's storage), not a random operator (a recomputation that skipped its
+  draw would shift the draws of the random operators after it), no output aliasing an input, and no output whose
+  storage a later operator of the forward writes in place (the kept copy would be the written one). An output
+  autograd does not keep may be kept all the same: it is held for nothing but saves running its operator again.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class OpRecord:
     flops: int
     savable: bool
     why_not: str = ""
+    needed: bool = False
 
     @property
     def name(self) -> str:
@@ -58,24 +61,36 @@ def _writes_inputs(func) -> bool:
 
 
 def record_forward(fn, *args, **kwargs) -> tuple[object, list[OpRecord]]:
-    """(fn's output, the records of its operators), autograd's saved tensors watched: an operator none of whose
-    outputs' storages autograd saved is not savable. The output cannot be differentiated (nothing was saved)."""
+    """(fn's output, the records of its operators), autograd's saved tensors watched (`OpRecord.needed`). Autograd
+    keeps nothing: the output cannot be differentiated, and
+    the forward holds what a checkpointed one holds."""
+    return _recorded(fn, args, kwargs, keep=False)
+
+
+def record_kept_forward(fn, *args, **kwargs) -> tuple[object, list[OpRecord]]:
+    """`record_forward` with autograd keeping what it saves, as it does without hooks: the output can be
+    differentiated once (its backward frees what the hooks hold)."""
+    return _recorded(fn, args, kwargs, keep=True)
+
+
+def _recorded(fn, args, kwargs, keep: bool):
     recorder = OpRecorder()
     saved: set[StorageWeakRef] = set()
 
-    def pack(t):  # nothing kept: the output has no backward (keeping `t` would tie an output to its own node)
+    def pack(t):  # kept or not; without `keep` nothing is (keeping `t` ties an output to its own node until backward)
         saved.add(StorageWeakRef(t.untyped_storage()))
+        return t if keep else None
 
-    def unpack(_):
-        raise RuntimeError("a recorded forward has no backward")
+    def unpack(t):
+        if t is None:
+            raise RuntimeError("a recorded forward has no backward")
+        return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack), recorder:
         out = fn(*args, **kwargs)
-    needed = {recorder._made_by[k] for k in saved if k in recorder._made_by}
-    for i, r in enumerate(recorder.records):
-        if r.savable and i not in needed:
-            r.savable = False
-            r.why_not = "autograd keeps none of its outputs"
+    for k in saved:
+        if k in recorder._made_by:
+            recorder.records[recorder._made_by[k]].needed = True
     return out, recorder.records
 
 

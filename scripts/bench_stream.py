@@ -2,16 +2,17 @@
 length of its own. The whole run's wall time, planning included, for eager, transformers'
 `gradient_checkpointing_enable()` and `planner.enable()`, each on its own copy of one model in the same process.
 
-    .venv/bin/python scripts/bench_stream.py [--model qwen2] [--steps 30] [--budget-share 0.5] [--check-peaks]
-        [--out FILE]
+    .venv/bin/python scripts/bench_stream.py [--model qwen2] [--width 64] [--steps 30] [--budget-share 0.5]
+        [--check-peaks] [--out FILE]
 
 The model: a transformers decoder built from a small config with the library's defaults (`use_cache` on), random
-weights. The stream: `--steps` batches of 4 rows, each row's length drawn from 16-192 (seeded), padded to the
-batch's longest row (pad id, attention mask 0, labels -100), one AdamW step per batch. The planner's budget lies
-`--budget-share` of the way from per-block checkpointing's measured peak to eager's, both measured at the longest
-batch of the stream. Reported per engine: the run's wall time, and for the planner its profiling seconds, the
-number of training calls that measured (every block checkpointed) and the block shapes profiled; and whether the
-planner's parameters equal eager's at the end; with --check-peaks, every step's measured peak against the budget.
+weights: 4 layers of `--width` (4 heads, MLP twice as wide). The stream: `--steps` batches of 4 rows, each row's
+length drawn from 16-192 (seeded), padded to the batch's longest row (pad id, attention mask 0, labels -100), one
+AdamW step per batch. The planner's budget lies `--budget-share` of the way from per-block checkpointing's measured
+peak to eager's, both measured at the longest batch of the stream. Reported per engine: the run's wall time, and for
+the planner its profiling seconds, the number of training calls that measured (every block checkpointed) and the
+block shapes profiled; and whether the planner's parameters equal eager's at the end; with --check-peaks, every
+step's measured peak against the budget.
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ from planner.tools.measure import measure_peak_bytes  # noqa: E402
 VOCAB = 512
 
 
-def make_model(name: str) -> torch.nn.Module:
+def make_model(name: str, width: int = 64) -> torch.nn.Module:
     import transformers as T
 
-    common = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+    common = dict(num_hidden_layers=4, hidden_size=width, num_attention_heads=4, intermediate_size=2 * width,
+                  vocab_size=VOCAB)
     config = {"qwen2": lambda: T.Qwen2Config(num_key_value_heads=2, **common),
               "llama": lambda: T.LlamaConfig(num_key_value_heads=4, **common)}[name]()
     torch.manual_seed(0)
@@ -76,6 +78,7 @@ def run(model: torch.nn.Module, batches: list[dict]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2", choices=("qwen2", "llama"))
+    ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--budget-share", type=float, default=0.5)
     ap.add_argument("--time-limit", type=float, default=5.0)
@@ -83,13 +86,13 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    base = make_model(args.model)
+    base = make_model(args.model, args.width)
     batches = stream(args.steps)
     longest = max(batches, key=lambda b: b["input_ids"].shape[1])
     eager_peak = measure_peak_bytes(copy.deepcopy(base), longest)
     ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(base)), longest)
     budget = ckpt_peak + args.budget_share * (eager_peak - ckpt_peak)
-    row: dict = {"model": args.model, "steps": args.steps,
+    row: dict = {"model": args.model, "width": args.width, "steps": args.steps,
                  "lengths": len({b["input_ids"].shape[1] for b in batches}),
                  "eager_peak_bytes": eager_peak, "per_block_peak_bytes": ckpt_peak, "budget_bytes": int(budget)}
     eager = copy.deepcopy(base)

@@ -41,7 +41,7 @@ from capture.call import TENSOR, FlatCall
 from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import StorageTracker, storage_bytes
 from capture.module_tags import node_modules, trace_model
-from capture.op_record import OpRecord, record_forward
+from capture.op_record import OpRecord, record_kept_forward
 from capture.state import autocast_state, host_rng_state, restored, same_host_rng
 from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
@@ -54,7 +54,7 @@ from solvers.exact.knapsack import knapsack
 from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
-SELECTIVE_FRACTIONS = (0.75, 0.5, 0.25)  # of the bytes of the savable operators' outputs: the selective options
+SELECTIVE_FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3, 0.15)  # of the savable outputs' bytes: the selective options
 
 
 def original_forward(block: torch.nn.Module) -> Callable:
@@ -330,17 +330,50 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     cut: list[str] = []  # options whose time ran out
     updates = BufferUpdates()  # the buffers the block updates: the kept measurement, first, learns them
     kept = Option(OptionKind.KEPT, BlockOption(OptionKind.KEPT.value, 0.0, 0, 0, 0), _kept_runner(call))
-    candidates: list[tuple[Option, float]] = [(kept, 0.0)]
     derived: list[tuple[Option, frozenset, float]] = []  # selective options whose figures are derived, not measured
     policy_list: list[tuple[str, frozenset]] = []
     records: list[OpRecord] = []
+    seen = set()
+    draws: list[bool] = []  # the kept measurement drew from Python's or numpy's generator
+    scratch: list = []  # the measured call's cache copies, held through its measurement
+
+    def cache_held() -> list:
+        return [t for c in scratch for t in cache_tensors(c)]
+
+    def measure(opt: Option, cost: float, measured) -> None:
+        scratch[:] = _scratch(caches)
+        stash, fwd, bwd = measure_option(block, measured, tensors, cache_held)
+        scratch.clear()
+        if (stash, fwd, bwd) in seen and opt.kind in (OptionKind.PLANNED, OptionKind.SELECTIVE):
+            return
+        seen.add((stash, fwd, bwd))
+        opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
+        options.append(opt)
+
+    def kept_measured(ts, values={n: b.detach().clone() for n, b in block.named_buffers()}):
+        # copies of the buffers made before the measurement, compared within it; the operators recorded on the way,
+        # through the caches' stand-ins as the selective runner calls the block (their updates unseen)
+        host = host_rng_state()
+
+        def forward():
+            if not call.plannable:
+                return kept.run(block, ts, tuple(scratch))
+            args, kwargs = call.rebuild(ts, tuple(scratch))
+            fn, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
+            out, recs = record_kept_forward(fn, *args, **kwargs)
+            records.extend(recs)
+            return out
+        out = updates.run(block, values, forward)[0]
+        draws.append(not same_host_rng(host, host_rng_state()))
+        return out
+
+    measure(kept, 0.0, kept_measured)
     if not call.plannable:
         notes.append("a non-tensor argument cannot be compared between calls: the block runs eager")
     else:
-        records = _record_ops(block, call, tensors, caches)
         ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
                       _checkpointed_runner(call, updates))
-        candidates.append((ckpt, sum(op_cost(r) for r in records)))
+        candidates = [(ckpt, checkpointed_cost(records))]
         chosen = selective_options(records) if policies is None else \
             [(name, saved, selective_cost(records, saved)) for name, saved in policies]
         for name, saved, cost in chosen:
@@ -350,45 +383,18 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             else:
                 derived.append((opt, saved, cost))
             policy_list.append((name, saved))
-        if planned:
+        if planned and any(draws):
+            # a traced schedule would replay the trace's draws as constants and draw nothing: not an option
+            notes.append("the block draws from Python's or numpy's generator, which a schedule cannot replay")
+        elif planned:
             planned_plans, nodes = _traced_options(block, call, tensors, caches, time_limit_s, cost_model, notes, cut)
             region = _Region(block, call)
             for name, p in planned_plans:
                 candidates.append((Option(OptionKind.PLANNED, BlockOption(name, 0.0, 0, 0, 0),
                                           _planned_runner(p, region, compile)), _planned_cost(p)))
                 plans[name] = p
-    seen = set()
-    draws: list[bool] = []  # the kept measurement drew from Python's or numpy's generator
-    scratch: list = []  # the measured call's cache copies, held through its measurement
-
-    def cache_held() -> list:
-        return [t for c in scratch for t in cache_tensors(c)]
-
-    for opt, cost in candidates:
-        scratch[:] = _scratch(caches)
-        if opt.kind is OptionKind.KEPT:  # copies made before the measurement, compared within it
-            def measured(ts, run=opt.run, values={n: b.detach().clone() for n, b in block.named_buffers()}):
-                host = host_rng_state()
-                out = updates.run(block, values, run, block, ts, tuple(scratch))[0]
-                draws.append(not same_host_rng(host, host_rng_state()))
-                return out
-        elif opt.kind is OptionKind.PLANNED and any(draws):
-            # a traced schedule would replay the trace's draws as constants and draw nothing: not an option
-            plans.pop(opt.figures.name, None)
-            said = "the block draws from Python's or numpy's generator, which a schedule cannot replay"
-            if said not in notes:
-                notes.append(said)
-            continue
-        else:
-            def measured(ts, run=opt.run):
-                return run(block, ts, tuple(scratch))
-        stash, fwd, bwd = measure_option(block, measured, tensors, cache_held)
-        scratch.clear()
-        if (stash, fwd, bwd) in seen and opt.kind in (OptionKind.PLANNED, OptionKind.SELECTIVE):
-            continue
-        seen.add((stash, fwd, bwd))
-        opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
-        options.append(opt)
+        for opt, cost in candidates:
+            measure(opt, cost, lambda ts, run=opt.run: run(block, ts, tuple(scratch)))
     for opt, saved, cost in derived:
         figures = _derived(options[0].figures, _whole(options).figures, records, saved)
         if figures is not None:
@@ -414,15 +420,17 @@ def _derived(kept: BlockOption, ckpt: BlockOption, records: list[OpRecord], save
     """Bounds on a selective option's figures from this shape's kept and checkpointed ones and its recording (None
     where the recording lacks an operator the policy keeps: the block took another path). It stashes what
     checkpointing does and the outputs it keeps (selective checkpointing holds exactly those); its forward holds no
-    more than checkpointing's and that stash, nor than keeping everything (what it keeps, autograd keeps too); its
-    backward recomputes what the block's backward reads, as checkpointing's does."""
+    more than checkpointing's and that stash, nor, where autograd keeps all it keeps, than keeping everything; its
+    backward recomputes what the block's backward reads, as checkpointing's does, holding besides, until the
+    recomputation has used them, the kept outputs autograd does not keep."""
     by = {(r.func, r.occurrence): r for r in records}
     if any(k not in by for k in saved):
         return None
     kept_bytes = sum(by[k].out_bytes for k in saved)
+    extra = sum(by[k].out_bytes for k in saved if not by[k].needed)
     stash = ckpt.stash_bytes + kept_bytes
-    return BlockOption("", 0.0, stash, min(kept.forward_bytes, ckpt.forward_bytes + stash),
-                       max(kept.backward_bytes, ckpt.backward_bytes))
+    forward = ckpt.forward_bytes + stash if extra else min(kept.forward_bytes, ckpt.forward_bytes + stash)
+    return BlockOption("", 0.0, stash, forward, max(kept.backward_bytes, ckpt.backward_bytes) + extra)
 
 
 def _traced_options(block, call: BlockCall, tensors, caches: tuple, time_limit_s: float, cost_model: str,
@@ -456,11 +464,22 @@ def op_cost(r: OpRecord) -> float:
     return float(r.flops) + FLOPS_PER_BYTE * r.written_bytes
 
 
+def recomputed(records: list[OpRecord]) -> list[OpRecord]:
+    """The operators a recomputation runs: up to the last whose output autograd keeps (torch.utils.checkpoint stops
+    there)."""
+    last = max((i for i, r in enumerate(records) if r.needed), default=-1)
+    return records[:last + 1]
+
+
+def checkpointed_cost(records: list[OpRecord]) -> float:
+    return sum(op_cost(r) for r in recomputed(records))
+
+
 def selective_options(records: list[OpRecord]) -> list[tuple[str, frozenset, float]]:
     """(name, the (func, occurrence) pairs to keep, recompute cost) of each selective option: for each of
-    SELECTIVE_FRACTIONS of the bytes of the savable operators' outputs, the knapsack's most recompute saved within
-    it; options keeping nothing, or what a larger fraction keeps, left out."""
-    savable = [r for r in records if r.savable and r.out_bytes > 0]
+    SELECTIVE_FRACTIONS of the bytes of the savable operators' outputs (those a recomputation runs), the knapsack's
+    most recompute saved within it; options keeping nothing, or what a larger fraction keeps, left out."""
+    savable = [r for r in recomputed(records) if r.savable and r.out_bytes > 0]
     total = sum(r.out_bytes for r in savable)
     if not savable or total <= 0:
         return []
@@ -479,21 +498,8 @@ def selective_options(records: list[OpRecord]) -> list[tuple[str, frozenset, flo
 def selective_cost(records: list[OpRecord], saved: frozenset) -> float:
     """What a selective option keeping `saved` computes again (every operator it does not keep runs again), and its
     policy's overhead on every operator."""
-    again = sum(op_cost(r) for r in records if (r.func, r.occurrence) not in saved)
+    again = sum(op_cost(r) for r in recomputed(records) if (r.func, r.occurrence) not in saved)
     return again + SELECTIVE_OVERHEAD_FLOPS * len(records)
-
-
-def _record_ops(block: torch.nn.Module, call: BlockCall, tensors, caches: tuple = ()) -> list[OpRecord]:
-    """The operators of one forward of the block at this call (capture.op_record), with gradients on as in training;
-    the block's buffers and the generators as they were before, the output dropped."""
-    with restored(block), torch.enable_grad():
-        scratch = _scratch(caches)  # held here: the stand-ins hold them weakly
-        args, kwargs = call.rebuild([t.detach().requires_grad_(t.requires_grad) for t in tensors], scratch)
-        # through the caches' stand-ins, as the selective runner calls it (their updates marked)
-        forward, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
-        records = record_forward(forward, *args, **kwargs)[1]
-        del scratch
-        return records
 
 
 def _scratch(caches: tuple) -> tuple:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from capture.op_record import record_forward
+from capture.op_record import record_forward, record_kept_forward
 
 aten = torch.ops.aten
 
@@ -32,9 +32,25 @@ def test_savable_operators_and_occurrences():
     # dropout's mask is made, then drawn into in place: not savable; e's maker (the second mul) is written by add_
     assert all(not r.savable for r in records if r.func in (aten.empty_like.default, aten.bernoulli_.float))
     assert not by[(aten.mul.Tensor, 1)].savable and "written in place" in by[(aten.mul.Tensor, 1)].why_not
-    assert not by[(aten.addmm.default, 0)].savable  # "autograd keeps none of its outputs"
-    assert by[(aten.relu.default, 0)].savable  # relu's backward reads its output
+    assert by[(aten.addmm.default, 0)].savable and not by[(aten.addmm.default, 0)].needed  # relu keeps its own
+    assert by[(aten.relu.default, 0)].savable and by[(aten.relu.default, 0)].needed  # relu's backward reads it
     assert by[(aten.tanh.default, 0)].savable  # as tanh's does
-    assert not by[(aten.sum.default, 0)].savable  # nothing keeps the loss: "autograd keeps none of its outputs"
+    assert not by[(aten.sum.default, 0)].needed  # nothing keeps the loss
     assert by[(aten.addmm.default, 0)].flops == 2 * 4 * 8 * 8
     assert by[(aten.relu.default, 0)].out_bytes == 4 * 8 * 4
+
+
+def test_a_kept_recording_records_the_same_and_differentiates_as_eager():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.manual_seed(1)
+    _, plain = record_forward(_forward, lin, x)
+    torch.manual_seed(1)
+    out, kept = record_kept_forward(_forward, lin, x)
+    got = torch.autograd.grad(out, [x, *lin.parameters()])
+    torch.manual_seed(1)
+    want = torch.autograd.grad(_forward(lin, x), [x, *lin.parameters()])
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert [(r.func, r.occurrence, r.savable, r.needed, r.out_bytes) for r in plain] == \
+        [(r.func, r.occurrence, r.savable, r.needed, r.out_bytes) for r in kept]

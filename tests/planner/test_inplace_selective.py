@@ -54,7 +54,8 @@ def test_every_selective_option_is_the_blocks_own_forward_dropout_included():
     call, tensors = BlockCall.of(block, args, kwargs)
     prof = profile_block(block, call, tensors, time_limit_s=2.0)
     selective = [o for o in prof.options if o.kind is OptionKind.SELECTIVE]
-    assert selective and all(o.figures.stash_bytes < prof.options[0].figures.stash_bytes for o in selective)
+    stashes = [o.figures.stash_bytes for o in selective]  # larger fractions first
+    assert selective and stashes == sorted(stashes, reverse=True) and stashes[-1] < prof.options[0].figures.stash_bytes
     kept = prof.options[0]
     assert kept.kind is OptionKind.KEPT
     want_out, want_grads = _step(block, lambda ts: kept.run(block, ts), tensors, seed=5)
