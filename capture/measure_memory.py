@@ -20,6 +20,16 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+_FRESH: dict = {}
+
+
+def _fresh_outputs(func) -> bool:
+    """Whether `func`'s schema declares none of its outputs an alias of an input (a view or in-place operator does)."""
+    fresh = _FRESH.get(func)
+    if fresh is None:
+        fresh = _FRESH[func] = all(r.alias_info is None for r in func._schema.returns)
+    return fresh
+
 
 class StorageTracker(TorchDispatchMode):
     """Tracks bytes of storages created by operators run under it.
@@ -54,11 +64,14 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        seen_inputs = {
-            StorageWeakRef(t.untyped_storage())
-            for t in tree_leaves((args, kwargs or {}))
-            if isinstance(t, torch.Tensor)
-        }
+        if _fresh_outputs(func):  # no output aliases an input (the schema says so): the inputs need not be looked at
+            seen_inputs = frozenset()
+        else:
+            seen_inputs = {
+                StorageWeakRef(t.untyped_storage())
+                for t in tree_leaves((args, kwargs or {}))
+                if isinstance(t, torch.Tensor)
+            }
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
