@@ -19,12 +19,13 @@ The in-place planner (planner.inplace.controller) runs every repeated block thro
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
 which require grad, the non-tensor arguments, a key/value cache by its class alone, the autocast state, the block's
 mode and which of its parameters require grad, with their dtypes): calls with one key share one profile.
-`profile_block` records the block's operators on one forward at that call (capture.op_record), builds the
-selective options from them (with `planned=True` it also traces the block and solves its one planning problem at a
-few budgets), and measures each option on one real forward and backward of the block under a storage tracker
-(gradients taken with torch.autograd.grad, so nothing accumulates; RNG and buffers restored): what it stashes, what
-its forward and backward hold at once, and what it computes again (`op_cost`: FLOPs plus FLOPS_PER_BYTE a byte
-written, summed over the operators it runs again).
+`profile_block` measures the kept and checkpointed options (and the planned ones) on one real forward and backward
+of the block each under a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG and
+buffers restored): what it stashes, what its forward and backward hold at once, and what it computes again
+(`op_cost`: FLOPs plus FLOPS_PER_BYTE a byte written, summed over the operators it runs again). The kept one's
+forward records the block's operators (capture.op_record), from which the selective options are built and their
+figures bounded (`_derived`). With `planned=True` it also traces the block and solves its one planning problem at a
+few budgets.
 """
 from __future__ import annotations
 
@@ -315,8 +316,8 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     recorded on one forward, the selective options a knapsack builds from them, and with `planned` one trace and one
     planning problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak.
     With `policies` (those of the block structure's first shape, BlockProfile.policies) the selective options are
-    those, their figures bounds derived from this shape's recording and its kept and checkpointed measurements
-    (`_derived`) instead of measurements of their own.
+    those. A selective option's figures are bounds derived from the shape's recording and its kept and checkpointed
+    measurements (`_derived`), not measurements of its own.
     The call's cache objects are not the profile's: it records and measures with throwaway copies of them
     (capture.kv_cache.scratch_copy) and traces the block with None in their places."""
     t0 = time.perf_counter()
@@ -378,10 +379,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             [(name, saved, selective_cost(records, saved)) for name, saved in policies]
         for name, saved, cost in chosen:
             opt = Option(OptionKind.SELECTIVE, BlockOption(name, 0.0, 0, 0, 0), _selective_runner(call, saved, updates))
-            if policies is None:
-                candidates.append((opt, cost))
-            else:
-                derived.append((opt, saved, cost))
+            derived.append((opt, saved, cost))
             policy_list.append((name, saved))
         if planned and any(draws):
             # a traced schedule would replay the trace's draws as constants and draw nothing: not an option

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import time
 import warnings
 import weakref
@@ -40,6 +41,7 @@ from typing import Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
@@ -322,6 +324,7 @@ class InPlaceController:
         # a planned call's caller was seen holding more of the model's outputs through its backward than the measuring
         # call's did: the chain counts them from then on (`_watch_outputs`)
         self.caller_keeps_outputs = False
+        self.ddp_bucket_bytes = 0  # DDP's gradient buckets, counted in the step's resident bytes (`_resident_bytes`)
         self._release_hook = None  # the optimizer step pre-hook taking _open_probe off (_release_at_optimizer_step)
         self.plan_seconds = 0.0
 
@@ -365,6 +368,8 @@ class InPlaceController:
         lines = [f"in-place plan: {len(self.blocks)} blocks ({type(self.blocks[0]).__name__}), budget "
                  f"{self.budget_bytes / GB:.6f} GB, {len(self.profiles)} block shape(s) profiled in "
                  f"{self.plan_seconds:.2f} s, {len(self.choices)} choice(s) cached"]
+        if self.ddp_bucket_bytes:
+            lines.append(f"  DDP's gradient buckets counted in the budget: {self.ddp_bucket_bytes / GB:.6f} GB")
         for prof in self.profiles.values():
             names = ", ".join(o.figures.name for o in prof.options)
             lines.append(f"  block shape: {prof.nodes} nodes, options {names}" +
@@ -429,10 +434,17 @@ class InPlaceController:
         return (flat.key, autocast_state(), params)
 
     def _resident_bytes(self, args, kwargs) -> int:
+        """What the step holds before it starts: the parameters, buffers, gradients and inputs, and where DDP runs the
+        model (`_ddp_calling`), its gradient buckets (`ddp_bucket_bytes`), which exist from its construction (and are
+        made again, the old ones freed, at its second step); where the gradients are views of the buckets
+        (`gradient_as_bucket_view`) they are counted once."""
         m = self.model
-        grads = [p.grad for p in m.parameters() if p.grad is not None]
+        ddp = _ddp_calling(m)
+        self.ddp_bucket_bytes = 0 if ddp is None else _bucket_bytes(ddp)
+        in_buckets = ddp is not None and ddp.gradient_as_bucket_view
+        grads = [] if in_buckets else [p.grad for p in m.parameters() if p.grad is not None]
         inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        return storage_bytes([*m.parameters(), *m.buffers(), *grads, *inputs])
+        return storage_bytes([*m.parameters(), *m.buffers(), *grads, *inputs]) + self.ddp_bucket_bytes
 
     def _stop_probes(self) -> None:
         if self._step is not None and self._step.probe is not None:
@@ -816,6 +828,29 @@ class InPlaceController:
                 self._watch_backward(step, i, outs[0].grad_fn, first_in)
             step.probe.reset_peak()
         return out
+
+
+def _ddp_calling(model: torch.nn.Module) -> DistributedDataParallel | None:
+    """The DistributedDataParallel whose forward is calling `model` now (found among the callers' frames), or None."""
+    frame = sys._getframe(1)
+    for _ in range(32):
+        if frame is None:
+            return None
+        me = frame.f_locals.get("self")
+        if isinstance(me, DistributedDataParallel) and me.module is model:
+            return me
+        frame = frame.f_back
+    return None
+
+
+def _bucket_bytes(ddp: DistributedDataParallel) -> int:
+    """The bytes of DDP's gradient buckets: one flat copy of the gradients of the parameters it reduces."""
+    ignored = set(getattr(ddp.module, "_ddp_params_and_buffers_to_ignore", ()) or ())
+    seen: dict[int, int] = {}
+    for name, p in ddp.module.named_parameters():
+        if p.requires_grad and name not in ignored:
+            seen[id(p)] = p.numel() * p.element_size()
+    return sum(seen.values())
 
 
 def _parameters_reached(outputs: list[torch.Tensor], stops: list) -> list[torch.Tensor]:
