@@ -372,8 +372,8 @@ class InPlaceController:
             lines.append(f"  DDP's gradient buckets counted in the budget: {self.ddp_bucket_bytes / GB:.6f} GB")
         for prof in self.profiles.values():
             names = ", ".join(o.figures.name for o in prof.options)
-            lines.append(f"  block shape: {prof.nodes} nodes, options {names}" +
-                         (f"; {prof.note}" if prof.note else ""))
+            traced = f"{prof.nodes} nodes traced, " if prof.nodes else ""
+            lines.append(f"  block shape: {traced}options {names}" + (f"; {prof.note}" if prof.note else ""))
         if last is not None:
             peak = "" if last.predicted_peak_bytes is None else \
                 f", predicted peak {last.predicted_peak_bytes / GB:.6f} GB"
