@@ -105,3 +105,39 @@ def test_the_chain_runs_selective_blocks_within_the_budget_and_trains_as_eager(m
         assert any(n.startswith("selective@") for n in state.records[-1].options)
     finally:
         planner.disable(model)
+
+
+def test_bart_with_its_decoder_layers_as_blocks_trains_as_eager(monkeypatch):
+    """An encoder-decoder with the library's defaults (cache on), its decoder layers (self- and cross-attention)
+    as the blocks, at a budget between per-block checkpointing's peak and eager's, the policy's overhead taken as free
+    so that selective blocks are chosen: 3 AdamW steps torch.equal to eager's, dropout on."""
+    import transformers as T
+
+    monkeypatch.setattr(region_module, "SELECTIVE_OVERHEAD_FLOPS", 0.0)
+    config = T.BartConfig(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                          max_position_embeddings=64, dropout=0.1)
+    torch.manual_seed(0)
+    model = T.BartForConditionalGeneration(config).train()
+    layer = type(model.model.decoder.layers[0])
+    gen = torch.Generator().manual_seed(1)
+    batch = {"input_ids": torch.randint(3, 128, (2, 24), generator=gen),
+             "labels": torch.randint(3, 128, (2, 16), generator=gen)}
+    twin = copy.deepcopy(model)
+    resident = storage_bytes(list(model.parameters()))
+    torch.manual_seed(0)
+    eager_peak = _peak_of_step(copy.deepcopy(model), batch) + resident
+    state = planner.enable(model, eager_peak * 0.97 / 1e9, blocks=layer, time_limit_s=2.0)
+    opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, twin))
+    try:
+        for seed in range(3):
+            for m, o in ((model, opt), (twin, opt_twin)):
+                torch.manual_seed(seed)
+                m(**batch).loss.backward()
+                o.step()
+                o.zero_grad(set_to_none=True)
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters())), seed
+        assert state.block_names == ["model.decoder.layers.0", "model.decoder.layers.1", "model.decoder.layers.2"]
+        assert state.records[-1].mode == "planned" and set(state.records[-1].options) != {"kept"}, state.explain()
+    finally:
+        planner.disable(model)
