@@ -37,7 +37,9 @@ from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.checkpoint import _CachedTorchDispatchMode, _CachingTorchDispatchMode
 
 
 def cache_class() -> type | None:
@@ -168,9 +170,6 @@ def _updating():
     the top of the dispatch mode stack meanwhile: selective checkpointing asks the recomputation to run the forward's
     operators, one for one, and the forward's update runs the cache's own while a recomputation answers from the
     record."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
-    from torch.utils.checkpoint import _CachedTorchDispatchMode, _CachingTorchDispatchMode
-
     popped = []
     while True:
         stack = _get_current_dispatch_mode_stack()

@@ -95,6 +95,34 @@ def _same_grads(got, want) -> bool:
         (a is None) == (b is None) and (a is None or torch.equal(a, b)) for a, b in ((g[k], w[k]) for k in w))
 
 
+def enable_at(model: torch.nn.Module, budget: int, batch: dict, args, where: str):
+    """A deep copy of `model` enabled at `budget` bytes and its two warm-up calls; where the budget is refused
+    (InfeasibleBudgetError at a warm-up call), again at the least budget the error names. (copy, state, budget
+    used, warm-ups, the refusal or None)."""
+    refused = None
+    while True:
+        enabled = copy.deepcopy(model)
+        state = planner.enable(enabled, budget / 1e9, time_limit_s=args.time_limit, progress=args.progress)
+        assert state.budget_bytes == budget, (state.budget_bytes, budget)
+        warmups = []
+        try:
+            for k in range(2):  # the measuring call (profiles the block shape), then the first planned call
+                torch.manual_seed(0)
+                warmups.append(timed_call(enabled, batch, state))
+                say(f"{where}: warm-up {k + 1}: {warmups[-1]}")
+        except InfeasibleBudgetError as e:
+            if refused is not None or e.min_budget_bytes is None:
+                raise
+            refused = {"error": f"{type(e).__name__}: {e}", "least_budget_bytes": e.min_budget_bytes,
+                       "failed_call": len(warmups) + 1, "plan_seconds": state.plan_seconds}
+            say(f"{where}: refused: {refused['error']}; again at the least budget named, "
+                f"{e.min_budget_bytes / 1e6:.3f} MB")
+            budget = e.min_budget_bytes
+            planner.disable(enabled)
+            continue
+        return enabled, state, budget, warmups, refused
+
+
 def bench_decoder(name: str, args) -> dict:
     spec = f"{name}:decoder512"
     model, batch = build(name, "decoder512")  # batch 1, the model's own loss (labels)
@@ -103,31 +131,11 @@ def bench_decoder(name: str, args) -> dict:
     torch.manual_seed(0)
     budget = measure_peak_bytes(per_block, batch)
     say(f"decoder {spec}: per-block checkpointing peak {budget / 1e6:.2f} MB")
-    at_per_block = None  # where per-block checkpointing's peak is refused: the error, and the least budget named
-    enable_at = budget
-    while True:
-        enabled = copy.deepcopy(model)
-        state = planner.enable(enabled, enable_at / 1e9, time_limit_s=args.time_limit, progress=args.progress)
-        assert state.budget_bytes == enable_at, (state.budget_bytes, enable_at)
-        warmups = []
-        try:
-            for k in range(2):  # the measuring call (profiles the block shape), then the first planned call
-                torch.manual_seed(0)
-                warmups.append(timed_call(enabled, batch, state))
-                say(f"decoder {spec}: warm-up {k + 1}: {warmups[-1]}")
-        except InfeasibleBudgetError as e:
-            if at_per_block is not None or e.min_budget_bytes is None:
-                raise
-            at_per_block = {"error": f"{type(e).__name__}: {e}", "least_budget_bytes": e.min_budget_bytes,
-                            "failed_call": len(warmups) + 1, "plan_seconds": state.plan_seconds}
-            say(f"decoder {spec}: at per-block checkpointing's peak: {at_per_block['error']}; again at the least "
-                f"budget named, {e.min_budget_bytes / 1e6:.2f} MB")
-            enable_at = e.min_budget_bytes
-            continue
-        break
+    # where per-block checkpointing's peak is refused: the error, and the least budget named (enabled there instead)
+    enabled, state, enable_at_bytes, warmups, at_per_block = enable_at(model, budget, batch, args, f"decoder {spec}")
     torch.manual_seed(0)
     enabled_peak = measure_peak_bytes(enabled, batch)
-    say(f"decoder {spec}: enabled peak {enabled_peak / 1e6:.2f} MB (budget {enable_at / 1e6:.2f} MB)")
+    say(f"decoder {spec}: enabled peak {enabled_peak / 1e6:.2f} MB (budget {enable_at_bytes / 1e6:.2f} MB)")
     eager_grads = step_state(model, batch, seed=3)
     grads_pb = step_state(per_block, batch, seed=3)
     grads_en = step_state(enabled, batch, seed=3)
@@ -141,9 +149,10 @@ def bench_decoder(name: str, args) -> dict:
                                      warmup=1)
     modes = sorted({r.mode for r in state.records[n_records:]})
     last = state.records[-1]
-    row = {"model": spec, "budget_bytes": enable_at, "per_block_peak_bytes": budget,
+    row = {"model": spec, "budget_bytes": enable_at_bytes, "per_block_peak_bytes": budget,
            "refused_at_per_block_peak": at_per_block, "enabled_peak_bytes": enabled_peak,
-           "enabled_within_budget": enabled_peak <= enable_at, "enabled_within_per_block_peak": enabled_peak <= budget,
+           "enabled_within_budget": enabled_peak <= enable_at_bytes,
+           "enabled_within_per_block_peak": enabled_peak <= budget,
            "predicted_peak_bytes": last.predicted_peak_bytes,
            "options": last.options, "timed_modes": modes,
            "per_block_step_s": times["per_block"].median_s, "enabled_step_s": times["enabled"].median_s,

@@ -45,7 +45,6 @@ With --table, prints the table of the JSON in --out and measures nothing.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import sys
@@ -57,13 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import planner  # noqa: E402
-from graphs.errors import InfeasibleBudgetError  # noqa: E402
 from harness.eager_compare import step_state  # noqa: E402
 from planner.inplace.controller import grouped_names  # noqa: E402
 from planner.tools.auto_sac import auto_sac_block_stats, auto_sac_checkpointed  # noqa: E402
 from planner.tools.baselines import layer_checkpointed, per_block_checkpointed  # noqa: E402
 from planner.tools.measure import interleaved_step_seconds, measure_peak_bytes  # noqa: E402
-from scripts.bench_enable import _same_grads, say, timed_call  # noqa: E402
+from scripts.bench_enable import _same_grads, enable_at, say  # noqa: E402
 
 MODELS = ("qwen2", "llama")
 SIZES = {"decoder512": dict(layers=8, width=512, heads=8, seq=512, batch=1, vocab=50257),
@@ -107,33 +105,6 @@ def make_peer(label: str, model: torch.nn.Module, batch: dict, cache: dict) -> t
     if label in REFERENCES:
         return model
     raise ValueError(label)
-
-
-def enable_at(model: torch.nn.Module, budget: int, batch: dict, args, where: str):
-    """A deep copy of `model` enabled at `budget` bytes and its two warm-up calls; where the budget is refused
-    (InfeasibleBudgetError at a warm-up call), again at the least budget the error names. (copy, state, budget
-    used, warm-ups, the refusal or None)."""
-    refused = None
-    while True:
-        enabled = copy.deepcopy(model)
-        state = planner.enable(enabled, budget / 1e9, time_limit_s=args.time_limit, progress=args.progress)
-        warmups = []
-        try:
-            for k in range(2):  # the measuring call (profiles the block shape), then the first planned call
-                torch.manual_seed(0)
-                warmups.append(timed_call(enabled, batch, state))
-                say(f"{where}: warm-up {k + 1}: {warmups[-1]}")
-        except InfeasibleBudgetError as e:
-            if refused is not None or e.min_budget_bytes is None:
-                raise
-            refused = {"error": f"{type(e).__name__}: {e}", "least_budget_bytes": e.min_budget_bytes,
-                       "failed_call": len(warmups) + 1, "plan_seconds": state.plan_seconds}
-            say(f"{where}: refused: {refused['error']}; again at the least budget named, "
-                f"{e.min_budget_bytes / 1e6:.3f} MB")
-            budget = e.min_budget_bytes
-            planner.disable(enabled)
-            continue
-        return enabled, state, budget, warmups, refused
 
 
 def bench_point(name: str, label: str, model: torch.nn.Module, batch: dict, eager: dict, cache: dict, args) -> dict:

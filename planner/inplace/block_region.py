@@ -394,7 +394,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         for opt, cost in candidates:
             measure(opt, cost, lambda ts, run=opt.run: run(block, ts, tuple(scratch)))
     for opt, saved, cost in derived:
-        figures = _derived(options[0].figures, _whole(options).figures, records, saved)
+        figures = _derived(options[0].figures, whole_option(options).figures, records, saved)
         if figures is not None:
             opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
             options.append(opt)
@@ -409,7 +409,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     return BlockProfile(call.key, options, seconds, "; ".join(notes), nodes, plans, policy_list)
 
 
-def _whole(options: list[Option]) -> Option:
+def whole_option(options: list[Option]) -> Option:
     """The checkpointed option (the kept one where the block cannot be checkpointed)."""
     return next((o for o in options if o.kind is OptionKind.CHECKPOINTED), options[0])
 

@@ -60,6 +60,7 @@ from planner.inplace.block_region import (
     original_forward,
     profile_block,
     structure_key,
+    whole_option,
 )
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
@@ -815,7 +816,7 @@ class InPlaceController:
         if step.mode is StepMode.PLANNED:
             option = step.chosen[i]  # the chain's choice, looked up once at the first block
         else:
-            option = _whole(prof)
+            option = whole_option(prof.options)
         out = option.run(block, tensors, call.caches)  # cache objects reach the kept and checkpointed options alone
         if step.mode is StepMode.PLANNED:
             step.last_output_node = next((t.grad_fn for t in tree_leaves(out)
@@ -872,15 +873,10 @@ def _parameters_reached(outputs: list[torch.Tensor], stops: list) -> list[torch.
     return list(found.values())
 
 
-def _whole(prof: BlockProfile):
-    """The checkpointed option (the kept one where the block cannot be checkpointed)."""
-    return next((o for o in prof.options if o.kind is OptionKind.CHECKPOINTED), prof.options[0])
-
-
 def _option_names(state: InPlaceController, step: _Step) -> list[str]:
     if step.mode is StepMode.PLANNED and step.chosen:
         return [o.figures.name for o in step.chosen]
-    return [_whole(state.profiles[k]).figures.name for k in step.keys if k in state.profiles]
+    return [whole_option(state.profiles[k].options).figures.name for k in step.keys if k in state.profiles]
 
 
 def _covers(big: tuple, small: tuple) -> bool:

@@ -65,6 +65,15 @@ def test_every_selective_option_is_the_blocks_own_forward_dropout_included():
         assert all((g is None and w is None) or torch.equal(g, w) for g, w in zip(grads, want_grads)), opt.figures.name
 
 
+def _train_both(pairs, batch: dict, seed: int) -> None:
+    """One AdamW step of each (model, optimizer) pair on `batch`, each from torch's seed `seed`."""
+    for m, o in pairs:
+        torch.manual_seed(seed)
+        m(**batch).loss.backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+
+
 def _peak_of_step(model, batch) -> int:
     tracker = StorageTracker()
     with tracker:
@@ -89,11 +98,7 @@ def test_the_chain_runs_selective_blocks_within_the_budget_and_trains_as_eager(m
     try:
         for seed, length in enumerate((64, 64, 64, 56)):
             part = {k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}
-            for m, o in ((model, opt), (twin, opt_twin)):
-                torch.manual_seed(seed)
-                m(**part).loss.backward()
-                o.step()
-                o.zero_grad(set_to_none=True)
+            _train_both(((model, opt), (twin, opt_twin)), part, seed)
             assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters())), length
             if seed == 2:
                 chosen = state.records[-1].options
@@ -131,11 +136,7 @@ def test_bart_with_its_decoder_layers_as_blocks_trains_as_eager(monkeypatch):
     opt, opt_twin = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, twin))
     try:
         for seed in range(3):
-            for m, o in ((model, opt), (twin, opt_twin)):
-                torch.manual_seed(seed)
-                m(**batch).loss.backward()
-                o.step()
-                o.zero_grad(set_to_none=True)
+            _train_both(((model, opt), (twin, opt_twin)), batch, seed)
             assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters())), seed
         assert state.block_names == ["model.decoder.layers.0", "model.decoder.layers.1", "model.decoder.layers.2"]
         assert state.records[-1].mode == "planned" and set(state.records[-1].options) != {"kept"}, state.explain()
