@@ -9,6 +9,12 @@ class RematError(Exception):
     """Base class of every error this project raises."""
 
 
+class ArgumentError(RematError, ValueError, TypeError):
+    """An argument of the API or the command line is not one the planner can take: the message names the argument,
+    what it got and what would work. A ValueError and a TypeError both, as Python's own checks raise one or the
+    other."""
+
+
 class GraphError(RematError, ValueError):
     """A graph is malformed: a cycle, a wrong order, an unknown id, a negative cost or size."""
 

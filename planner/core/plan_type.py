@@ -164,6 +164,10 @@ class Plan:
                 out[self.modules.get(lab, "")].append((v, self.graph.nodes[v].name, int(counts[v]) - 1))
         return dict(out)
 
+    def __repr__(self) -> str:  # the dataclass's own would print the whole graph and schedule
+        return (f"Plan({self.graph.n} nodes, budget {self.budget_bytes} B, predicted peak {self.predicted_peak_bytes} "
+                f"B, overhead {100 * self.overhead:.2f}%, status {self.status.value}, solver {self.solver!r})")
+
     def summary(self) -> str:
         lb = "" if self.lower_bound_cost is None else \
             f", lower bound cost {self.lower_bound_cost:.6g} (for {bound_covers(self.result.info, self.solver)})"
@@ -266,7 +270,12 @@ class Plan:
         got = PlanningProblem(traced, self.loss_bytes).graph(self.graph_kind)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
-            raise PlanMismatchError(f"the model traces to another graph than the plan's: {diff}")
+            raise PlanMismatchError(
+                f"the model traces to another graph than the plan's: {diff}. The input's shapes and dtypes are the "
+                "plan's: the model's Python took another path, on this input's values (an attention mask without "
+                "padding skips the mask's ops; a branch on a value) or because its code, configuration or a global "
+                "changed since the plan was made. Plan with an input like this one, or use planner.enable(model, "
+                "budget_gb), which plans each path as it comes")
         return traced
 
     def apply(self, model: torch.nn.Module, sample_input=None, *, compile: bool = False) -> PlannedModule:

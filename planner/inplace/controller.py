@@ -50,9 +50,10 @@ from capture.kv_cache import cache_tensors, is_cache
 from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
 from capture.module_tags import repeated_blocks
 from capture.state import autocast_as, autocast_state, cuda_devices_in_use
-from graphs.errors import InfeasibleBudgetError
+from graphs.errors import ArgumentError, InfeasibleBudgetError
+from planner.core.arguments import choice_arg, flag_arg, module_arg, progress_arg, submodule_name_arg
 from planner.core.progress import Reporter
-from planner.core.units import GB, budget_bytes_from_gb
+from planner.core.units import GB, budget_bytes_from_gb, seconds_value
 from planner.inplace.block_region import (
     BlockCall,
     BlockProfile,
@@ -68,6 +69,8 @@ _ATTR = "_remat_inplace"
 # a refusal at a measuring call's return names the least budget a choice meets, its backward estimated, this much
 # above it (the backward, read at the next call, can hold a little more than the estimate)
 FORWARD_REFUSAL_MARGIN = 0.001
+# how the planned options (`planned=True`) price recomputation: FLOPs, or each op's time measured here
+ENABLE_COST_MODELS = ("flops", "time")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -938,21 +941,27 @@ def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
     if blocks is None:
         names = repeated_blocks(model)
         if not names:
-            raise ValueError(f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of two or "
-                             "more modules of one class): name them with blocks=")
+            raise ArgumentError(f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of two or "
+                                "more modules of one class): name them with blocks= (module names or classes)")
         return names
     if isinstance(blocks, (type, str)):
         blocks = [blocks]
+    if not isinstance(blocks, (list, tuple, set, frozenset)) or \
+            not all(isinstance(b, str) or (isinstance(b, type) and issubclass(b, torch.nn.Module)) for b in blocks):
+        raise ArgumentError(f"blocks must be a module name, a Module class, or a list of those (names as "
+                            f"model.named_modules() gives them, e.g. 'layers.0'), got {blocks!r}")
     classes = tuple(b for b in blocks if isinstance(b, type))
-    names = [b for b in blocks if isinstance(b, str)]
-    for n in names:
-        model.get_submodule(n)  # AttributeError names a missing one
+    names = [submodule_name_arg(model, b) for b in blocks if isinstance(b, str)]
     if classes:
         found = [n for n, m in model.named_modules() if isinstance(m, classes) and n]
         # the outermost only: a block inside another is planned with it
         names += [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]
     if not names:
-        raise ValueError(f"no module of {model.__class__.__name__} matches blocks={blocks!r}")
+        raise ArgumentError(f"no module of {model.__class__.__name__} matches blocks={blocks!r}")
+    nested = next(((o, n) for o in names for n in names if n.startswith(o + ".")), None)
+    if nested is not None:
+        raise ArgumentError(f"blocks {nested[0]!r} and {nested[1]!r} are nested: a block is planned whole, with "
+                            "whatever it contains; name the outer one or the inner ones, not both")
     order = {n: k for k, (n, _) in enumerate(model.named_modules())}
     return sorted(set(names), key=order.__getitem__)
 
@@ -970,11 +979,17 @@ def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_
     compile: offer the planned schedules and run them through inductor (planner.execution.inductor).
     """
 
+    module_arg(model)
     if _ATTR in model.__dict__:
-        raise ValueError("the planner is already enabled on this model: planner.disable(model) first")
-    state = InPlaceController(model, budget_bytes_from_gb(budget_gb), _resolve_blocks(model, blocks),
-                               time_limit_s=time_limit_s, compile=compile, cost_model=cost_model, progress=progress,
-                               planned=planned)
+        raise ArgumentError("the planner is already enabled on this model: planner.disable(model) first")
+    budget_bytes = budget_bytes_from_gb(budget_gb)
+    time_limit_s = seconds_value(time_limit_s)
+    choice_arg(cost_model, "cost_model", ENABLE_COST_MODELS)
+    flag_arg(compile, "compile")
+    flag_arg(planned, "planned")
+    progress_arg(progress)
+    state = InPlaceController(model, budget_bytes, _resolve_blocks(model, blocks), time_limit_s=time_limit_s,
+                              compile=compile, cost_model=cost_model, progress=progress, planned=planned)
     state._install()
     model.__dict__[_ATTR] = state
     return state

@@ -13,11 +13,14 @@ known to work) or bad input; 3 when no schedule was found within the time limit 
 from __future__ import annotations
 
 import argparse
+import inspect
+import math
 import sys
 import time
+from pathlib import Path
 
 from graphs.benchmarks import load_benchmark
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
+from graphs.errors import ArgumentError, InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.schedule_json import save_result
 from graphs.simulate import budget_from_multiplier, reference_peak_bytes
 from solvers.base import solve, solver_names
@@ -29,12 +32,12 @@ def _build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("solve", help="solve a benchmark graph (node-link JSON) under a memory budget")
     s.add_argument("graph", help="graph file: a benchmark node-link JSON")
     b = s.add_mutually_exclusive_group(required=True)
-    b.add_argument("--budget-multiplier", type=float, help="budget = ceil(M x reference peak)")
-    b.add_argument("--budget-bytes", type=int, help="budget in bytes")
+    b.add_argument("--budget-multiplier", type=_positive(float), help="budget = ceil(M x reference peak)")
+    b.add_argument("--budget-bytes", type=_positive(int), help="budget in bytes")
     b.add_argument("--min-budget", action="store_true",
                    help="find the smallest feasible budget, print how it is known, and write its schedule")
     s.add_argument("--solver", default=None, help=f"one of: {', '.join(solver_names())} (required with a budget)")
-    s.add_argument("--time-limit", type=float, default=None, help="seconds for the solver (exact solvers)")
+    s.add_argument("--time-limit", type=_positive(float), default=None, help="seconds for the solver (exact solvers)")
     s.add_argument("--out", help="write the schedule as remat-schedule JSON here")
     pl = sub.add_parser("plan", help="trace a model and plan its training step under a memory budget")
     pl.add_argument("factory", help="MODULE:FACTORY, a function returning (model, sample_input)")
@@ -43,29 +46,44 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--solver", default="auto", help=f"one of: {', '.join(solver_names())}")
     pl.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time", "roofline"])
     pl.add_argument("--device", default=None, help="device name for --cost-model roofline (h100, a100, ...)")
-    pl.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver")
+    pl.add_argument("--time-limit", type=_positive(float), default=60.0, help="seconds for the solver")
     pl.add_argument("--out", required=True, help="write the plan here (remat-schedule JSON)")
     pl.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     f = sub.add_parser("fit", help="the largest size (batch, sequence, ...) whose training step fits a budget")
     f.add_argument("factory", help="MODULE:FACTORY, a function of the size returning (model, sample_input)")
     f.add_argument("--budget", required=True, type=parse_budget, help="memory budget, as for `plan`")
-    f.add_argument("--max-overhead", type=float, default=None,
+    f.add_argument("--max-overhead", type=_positive(float), default=None,
                    help="largest recompute overhead accepted (0.25 = 25 %% slower compute); no limit by default")
     f.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time"])
-    f.add_argument("--time-limit", type=float, default=5.0, help="seconds per solve")
-    f.add_argument("--start", type=int, default=1, help="the smallest size tried")
+    f.add_argument("--time-limit", type=_positive(float), default=5.0, help="seconds per solve")
+    f.add_argument("--start", type=_positive(int), default=1, help="the smallest size tried")
     f.add_argument("--out", help="write the plan of the answer here (remat-schedule JSON)")
     c = sub.add_parser("curve", help="overhead against budget for one model, drawn with its lower bound")
     c.add_argument("factory", help="MODULE:FACTORY, a function returning (model, sample_input)")
     c.add_argument("--out", required=True, help="the plot (PNG); the table is printed")
-    c.add_argument("--points", type=int, default=8, help="budgets from the no-recomputation peak down to the smallest")
+    c.add_argument("--points", type=_positive(int), default=8,
+                   help="budgets from the no-recomputation peak down to the smallest")
     c.add_argument("--cost-model", default="auto", choices=["auto", "flops", "time"])
-    c.add_argument("--time-limit", type=float, default=5.0, help="seconds per solve")
+    c.add_argument("--time-limit", type=_positive(float), default=5.0, help="seconds per solve")
     c.add_argument("--torch-compile-budget", type=float, default=0.5,
                    help="measure torch.compile under this activation_memory_budget (0: do not)")
     sh = sub.add_parser("show", help="summarise a plan file: peak, overhead, status, what is recomputed")
     sh.add_argument("plan", help="a plan written by `plan` (remat-schedule JSON)")
     return p
+
+
+def _positive(kind: type):
+    """An argparse type: a finite number of `kind` > 0."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
 
 
 _UNITS = {"gb": 10**9, "mb": 10**6, "kb": 10**3, "b": 1}
@@ -82,22 +100,35 @@ def parse_budget(text: str) -> int:
         value = Decimal(num) * _UNITS[unit or "gb"]
     except InvalidOperation:
         raise argparse.ArgumentTypeError(f"cannot read budget {text!r}: use e.g. 1.5GB, 800MB or 123456B") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"budget must be > 0, got {text!r}")
+    if not value.is_finite():
+        raise argparse.ArgumentTypeError(f"budget must be a finite size, got {text!r}: use e.g. 1.5GB, 800MB or "
+                                         "123456B")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"budget must be at least 1 byte, got {text!r}")
     return int(value)
 
 
 def load_factory(spec: str):
     """Import MODULE:FACTORY and call it; it must return (model, sample_input)."""
-    made = load_size_factory(spec)()
+    factory = load_size_factory(spec)
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as e:
+        raise ArgumentError(f"{spec} must be callable with no arguments and return (model, sample_input): {e}") \
+            from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
+    made = factory()
     if not (isinstance(made, tuple) and len(made) == 2):
-        raise SystemExit(f"{spec} must return (model, sample_input)")
+        raise ArgumentError(f"{spec} must return (model, sample_input), it returned {type(made).__name__}")
     return made
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from planner.whole.api import GB, plan
 
+    if not Path(args.out).resolve().parent.is_dir():
+        raise ArgumentError(f"--out {args.out!r}: its folder does not exist")
     model, sample = load_factory(args.factory)
     p = plan(model, sample, args.budget / GB, solver=args.solver, cost_model=args.cost_model,
              time_limit_s=args.time_limit, device_name=args.device, progress=not args.quiet)
@@ -112,13 +143,16 @@ def load_size_factory(spec: str):
     import importlib
 
     if ":" not in spec:
-        raise SystemExit(f"expected MODULE:FACTORY, got {spec!r}")
+        raise ArgumentError(f"expected MODULE:FACTORY, got {spec!r}")
     mod_name, fn_name = spec.split(":", 1)
     try:  # `python -m planner` has the working directory on sys.path; PYTHONPATH adds others
-        return getattr(importlib.import_module(mod_name), fn_name)
+        factory = getattr(importlib.import_module(mod_name), fn_name)
     except (ImportError, AttributeError) as e:
-        raise SystemExit(f"cannot load {spec}: {e} (MODULE is imported from the working directory and "
-                         "PYTHONPATH)") from None
+        raise ArgumentError(f"cannot load {spec}: {e} (MODULE is imported from the working directory and "
+                            "PYTHONPATH)") from None
+    if not callable(factory):
+        raise ArgumentError(f"{spec} is not a function (it is {type(factory).__name__} {factory!r})")
+    return factory
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -127,6 +161,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from planner.whole.api import GB
 
     make = load_size_factory(args.factory)
+    try:
+        inspect.signature(make).bind(args.start)
+    except TypeError as e:
+        raise ArgumentError(f"{args.factory} must take one size (an int) and return (model, sample_input): {e}") \
+            from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
     with Reporter(True) as say:
         fit = max_batch(make, args.budget / GB, max_overhead=args.max_overhead, time_limit_s=args.time_limit,
                         cost_model=args.cost_model, start=args.start, progress=say)
@@ -158,6 +199,8 @@ def cmd_curve(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from planner.core.plan_type import Plan
 
+    if not Path(args.plan).is_file():
+        raise ArgumentError(f"no plan file at {args.plan!r}")
     p = Plan.load(args.plan)
     print(p.explain())
     return 0
@@ -182,12 +225,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.min_budget:
         return cmd_min_budget(args, graph, ref)
     if args.solver is None:
-        raise SystemExit("--solver is required with --budget-multiplier or --budget-bytes")
+        raise ArgumentError("--solver is required with --budget-multiplier or --budget-bytes")
     if args.budget_bytes is not None:
         budget = args.budget_bytes
     else:
-        if args.budget_multiplier <= 0:
-            raise SystemExit("--budget-multiplier must be > 0")
         budget = budget_from_multiplier(graph, args.budget_multiplier)
     result = solve(graph, budget, args.solver, time_limit_s=args.time_limit)
     if args.out:
@@ -217,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no schedule found in {time.perf_counter() - t0:.1f} s: {e}", file=sys.stderr)
         return 3
     except RematError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file named on the command line that cannot be read or written
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 1

@@ -16,21 +16,30 @@ import torch
 from capture.call import CallSpec
 from capture.loss_workspace import loss_workspace_bytes
 from capture.module_tags import node_modules, trace_model
-from graphs.errors import RematError
+from capture.trace import TraceResult
+from graphs.errors import ArgumentError, RematError
+from planner.core.arguments import choice_arg, module_arg, optional_callable_arg, progress_arg
 from planner.core.candidates import checkpoint_candidates
 from planner.core.plan_type import Plan, fingerprint
 from planner.core.problem import PlanningProblem, SmallestBudget
 from planner.core.progress import Reporter
 from planner.core.solve import solve_problem
-from planner.core.units import GB, budget_bytes_from_gb
+from planner.core.units import GB, budget_bytes_from_gb, seconds_value
 
 COST_MODELS = ("auto", "flops", "time", "roofline")
+# what a loss computed outside the model holds beyond its outputs' gradient, per output byte, when no loss_fn says:
+# cross-entropy (log-softmax and its gradient), MSE and smooth-L1 (the difference and its gradient) all hold 2x,
+# measured with capture.loss_workspace on a GPT's logits (2026-12-07)
+LOSS_RESERVE_PER_OUTPUT_BYTE = 2
 
 
 def smallest_budget(plan_or_traced, time_limit_s: float = 30.0, *, loss_bytes: int = 0) -> SmallestBudget:
     """The smallest budget (bytes) a schedule plan() can run is known to meet, for a Plan's model or a TraceResult
     (with `loss_bytes`, the memory of a loss computed outside the model), how that is known and the solver that met
     it; budget_bytes is None when nothing is known within `time_limit_s`."""
+    time_limit_s = seconds_value(time_limit_s)
+    if not isinstance(plan_or_traced, (Plan, TraceResult)):
+        raise ArgumentError(f"smallest_budget takes a Plan or a TraceResult, got {type(plan_or_traced).__name__}")
     if isinstance(plan_or_traced, Plan):
         if plan_or_traced.traced is None:
             raise ValueError("a plan loaded from JSON holds no trace: pass the TraceResult of the model")
@@ -68,7 +77,7 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
     NoSolutionInTimeError when no schedule was found within `time_limit_s` and nothing proves that none exists,
     capture.trace.TraceError when the model cannot be traced.
     """
-    with Reporter(progress) as say:
+    with Reporter(progress_arg(progress)) as say:
         try:
             p = _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, device_name, traced, loss_fn,
                       say)
@@ -82,18 +91,25 @@ def plan(model: torch.nn.Module, sample_input, budget_gb: float, *, solver: str 
 
 def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, device_name, traced, loss_fn,
           say: Reporter) -> Plan:
+    module_arg(model)
     refuse_wrapper(model)
-    call, inputs = CallSpec.of(sample_input)
     budget_bytes = budget_bytes_from_gb(budget_gb)
+    time_limit_s = seconds_value(time_limit_s)
     cm = _resolve_cost_model(cost_model)
+    if not isinstance(solver, str):
+        raise ArgumentError(f"solver must be a solver's name (a str), got {type(solver).__name__} {solver!r}")
+    optional_callable_arg(loss_fn, "loss_fn")
+    if traced is not None and not isinstance(traced, TraceResult):
+        raise ArgumentError(f"traced must be the TraceResult of an earlier plan of this model (Plan.traced), got "
+                            f"{type(traced).__name__}")
+    call, inputs = CallSpec.of(sample_input)
     if traced is None:
         say(f"tracing {type(model).__name__} (cost model {cm})")
         traced = trace_model(model, sample_input, cm, device_name)
     elif traced.model is not model:
         raise ValueError("`traced` belongs to another model object")
-    loss_bytes = 0 if loss_fn is None else loss_workspace_bytes(model, inputs, loss_fn, call)
-    if loss_fn is None:
-        _warn_if_no_loss(traced)
+    loss_bytes = _loss_reserve_bytes(traced) if loss_fn is None else \
+        loss_workspace_bytes(model, inputs, loss_fn, call)
     problem = PlanningProblem(traced, loss_bytes)
     modules = node_modules(traced)  # graph node -> its module: the plan's report, the blocks of the candidates
     say(f"solving: {traced.graph.n} nodes, budget {budget_bytes / GB:.6f} GB, solver {solver}, "
@@ -106,14 +122,14 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
 
 
 def _resolve_cost_model(cost_model: str) -> str:
-    if cost_model not in COST_MODELS:
-        raise ValueError(f"unknown cost_model '{cost_model}'; choose one of {', '.join(COST_MODELS)}")
+    choice_arg(cost_model, "cost_model", COST_MODELS)
     # measured time prices every op, elementwise ones included (FLOPs call them free)
     return "time" if cost_model == "auto" else cost_model
 
 
 class LossNotPlannedWarning(UserWarning):
-    """The model returns no scalar loss and no `loss_fn` was given: the loss's memory is not in the plan."""
+    """The model returns no scalar loss and no `loss_fn` was given: the plan reserves for a loss of the usual kind
+    (LOSS_RESERVE_PER_OUTPUT_BYTE x the outputs), not for the one the step computes."""
 
 
 def refuse_wrapper(model: torch.nn.Module) -> None:
@@ -139,15 +155,19 @@ def refuse_wrapper(model: torch.nn.Module) -> None:
                          "plan(model, ...).apply(model, compile=True) compiles the planned step with inductor")
 
 
-def _warn_if_no_loss(traced) -> None:
-    """Warn when no differentiated output is a scalar: the loss the step computes from them lies outside the
-    plan, and its temporaries (a cross-entropy's log-softmax: about one more copy of the logits) are not counted."""
+def _loss_reserve_bytes(traced) -> int:
+    """The bytes reserved for a loss computed outside the model when no `loss_fn` says which: none where an output
+    is a scalar (the model's own loss); else LOSS_RESERVE_PER_OUTPUT_BYTE per byte of the differentiated outputs,
+    with a LossNotPlannedWarning saying so."""
     phs = [n for n in traced.joint_module.graph.nodes if n.op == "placeholder"][traced.num_primals:]
     vals = [ph.meta["val"] for ph in phs]
     if not vals or any(v.numel() == 1 for v in vals):
-        return
+        return 0
     out_bytes = sum(v.numel() * v.element_size() for v in vals)
+    reserve = LOSS_RESERVE_PER_OUTPUT_BYTE * out_bytes
     warnings.warn(LossNotPlannedWarning(
-        f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: the memory the "
-        f"loss holds beyond a scalar (for a cross-entropy about {out_bytes} bytes more) is not planned for; pass "
-        "loss_fn=, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=4)
+        f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: {reserve} bytes are "
+        f"reserved for the loss computed from them ({LOSS_RESERVE_PER_OUTPUT_BYTE}x the outputs, what a "
+        "cross-entropy, MSE or smooth-L1 loss holds beyond the outputs' gradient); pass loss_fn= to plan the loss "
+        "you use exactly, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=4)
+    return reserve
