@@ -1,0 +1,38 @@
+"""Where torch's fake tensors give another layout than the CPU kernel returns, the capture follows the kernel
+(capture/meta_overrides.py): a BatchNorm1d over a transposed (B, T, C) activation returns a contiguous (B, C, T)
+output on CPU, whose transpose a Linear must copy to flatten; a trace that believed the fake strides chose a `view`
+that fails on the real tensor."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from planner import GB, plan, smallest_budget
+from planner.tools.measure import default_loss, measure_peak_bytes
+from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
+
+
+class NormOverTime(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(width)
+        self.lin, self.out = nn.Linear(width, 2 * width), nn.Linear(2 * width, 8)
+
+    def forward(self, x):  # x: (batch, time, channels)
+        h = self.norm(x.transpose(1, 2)).transpose(1, 2)
+        return self.out(torch.relu(self.lin(h)))
+
+
+@pytest.mark.parametrize("shape", [(4, 10, 16), (10, 4, 16)], ids=["batch-first", "time-first"])
+def test_batch_norm_over_a_transposed_activation_plans_and_equals_eager(shape):
+    torch.manual_seed(0)
+    model, x = NormOverTime().train(), torch.randn(*shape)
+    want = eager_state(model, x)
+    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
+    smallest = smallest_budget(full, TIME_LIMIT_S).budget_bytes
+    for budget in (smallest, full.predicted_peak_bytes):
+        p = plan(model, x, budget / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S,
+                 loss_fn=default_loss)
+        assert_same_state(eager_state(p.apply(model), x), want)  # a step of a copy: the buffers stay as they are
+        assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= budget
