@@ -14,6 +14,9 @@ safely: no guard is built then, and the caller falls back to rerunning the forwa
 """
 from __future__ import annotations
 
+import linecache
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,10 @@ from capture.random_draws import draws_random
 from capture.state import restored
 
 SCALAR_TYPES = (bool, int, float, complex)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TORCH_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep  # torch's layers: their reads are named
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PROJECT_DIRS = tuple(os.path.join(_ROOT, package) + os.sep for package in ("capture", "planner"))
 
 @dataclass(frozen=True)
 class _Ref:
@@ -56,6 +63,7 @@ class _OpLogger(TorchDispatchMode):
             self.where.setdefault(t, _Ref("state", name))
         self.ops: list[_Op] = []
         self.reads: list[tuple[int, str, Any]] = []  # (op index, op name, value)
+        self.sites: list[str] = []  # where in the model's code each read happened
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -83,7 +91,25 @@ class _OpLogger(TorchDispatchMode):
                 self.where[o] = _Ref("op", k, pos)
         if isinstance(out, SCALAR_TYPES):
             self.reads.append((k, str(func.overloadpacket.__name__), out))
+            self.sites.append(_user_site())
         return out
+
+def _user_site() -> str:
+    """`file:line (source)` of the line of the model's code that read: the innermost frame outside PyTorch (its layers'
+    forwards in torch.nn.modules excepted, BatchNorm reading its step counter) and outside this project."""
+    f = sys._getframe(1)
+    while f is not None and _library_frame(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return "?"
+    source = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+    return f"{f.f_code.co_filename}:{f.f_lineno} ({source})"
+
+def _library_frame(filename: str) -> bool:
+    """Whether code in `filename` is PyTorch's internals or this project's, not the model's."""
+    if filename.startswith(_TORCH_DIR):
+        return not filename.startswith(_TORCH_MODULES_DIR)
+    return filename.startswith(_PROJECT_DIRS)
 
 class Guard:
     """The backward slices of a forward's scalar reads, replayable on new inputs (see the module docstring)."""
@@ -119,10 +145,11 @@ class Guard:
         return tuple(results[k] for k in self.read_ops)
 
 def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
-                           ) -> tuple[tuple[tuple[str, Any], ...], Guard | None]:
-    """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value) and
-    a Guard that recomputes them, or None when a read's slice cannot be replayed safely. `inputs` are the user
-    input tensors; `call` (a capture.call.CallSpec) says how they are passed (None: positionally)."""
+                           ) -> tuple[tuple[tuple[str, Any], ...], Guard | None, tuple[str, ...]]:
+    """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value),
+    a Guard that recomputes them (None when a read's slice cannot be replayed safely) and where in the model's code
+    each read happened (`file:line (source)`). `inputs` are the user input tensors; `call` (a capture.call.CallSpec)
+    says how they are passed (None: positionally)."""
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     devices = {t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None}
     log = _OpLogger(inputs, state)
@@ -132,7 +159,7 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
         else:
             call.call(model, inputs)
     reads = tuple((name, value) for _, name, value in log.reads)
-    return reads, _slice(log)
+    return reads, _slice(log), tuple(log.sites)
 
 def _slice(log: _OpLogger) -> Guard | None:
     if not log.reads:

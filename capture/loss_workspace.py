@@ -1,6 +1,8 @@
 """The memory of a loss computed outside the model, for a plan that counts it at the forward/backward boundary."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -9,9 +11,19 @@ from capture.measure_memory import StorageTracker
 from capture.state import restored
 
 
-def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> int:
-    """Bytes `loss_fn` holds beyond the output's gradient: its peak over a forward+backward of the loss on a
-    copy of the model's output (the model runs once without gradients; buffers and RNG are restored)."""
+@dataclass(frozen=True)
+class LossMemory:
+    """What a loss computed outside the model holds beyond the outputs' gradient. workspace_bytes: its peak over a
+    forward+backward of the loss; held_bytes: what the loss tensor itself keeps alive to the end of the step (on CPU
+    mse_loss's 0-d result is a view of the unreduced loss, which lives as long as the caller's `loss`)."""
+
+    workspace_bytes: int = 0
+    held_bytes: int = 0
+
+
+def loss_memory(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> LossMemory:
+    """`loss_fn`'s memory (LossMemory), measured on a copy of the model's output (the model runs once without
+    gradients; buffers and RNG are restored)."""
     with restored(model), torch.no_grad():
         out = model(*inputs) if call is None else call.call(model, inputs)
     leaves = tree_map(lambda t: t.detach().clone().requires_grad_(t.is_floating_point())
@@ -20,6 +32,9 @@ def loss_workspace_bytes(model: torch.nn.Module, inputs: tuple, loss_fn, call=No
     with tracker:
         loss = loss_fn(leaves)
         loss.backward()
+        # beyond the scalar itself (the plan reserves that): a buffer the 0-d loss is a view of
+        held = max(0, tracker.tracked_bytes([loss]) - loss.numel() * loss.element_size())
     grads = sum(strided_bytes(t.grad) for t in tree_leaves(leaves)
                 if isinstance(t, torch.Tensor) and t.grad is not None)
-    return max(0, int(tracker.peak_bytes) - grads)
+    workspace = max(0, int(tracker.peak_bytes) - grads)
+    return LossMemory(workspace, min(held, workspace))

@@ -55,13 +55,24 @@ def set_host_rng_state(state: tuple[Any, Any]) -> None:
         numpy.random.set_state(numpy_state)
 
 
+def drawn_host_generators(a: tuple[Any, Any], b: tuple[Any, Any]) -> list[str]:
+    """The host generators that were drawn from between two `host_rng_state()` results: "random" (Python's) and
+    "numpy.random" (numpy's global generator), [] when neither was."""
+    (python_a, numpy_a), (python_b, numpy_b) = a, b
+    drawn = [] if python_a == python_b else ["random"]
+    return drawn if _same_numpy_state(numpy_a, numpy_b) else [*drawn, "numpy.random"]
+
+
+def _same_numpy_state(a: Any, b: Any) -> bool:
+    """Whether two `numpy.random.get_state()` tuples (or None, without numpy) are one state."""
+    if a is None or b is None:
+        return a is b
+    return a[0] == b[0] and tuple(a[2:]) == tuple(b[2:]) and bool((a[1] == b[1]).all())
+
+
 def same_host_rng(a: tuple[Any, Any], b: tuple[Any, Any]) -> bool:
     """Whether two `host_rng_state()` results are one state (nothing was drawn between them)."""
-    (python_a, numpy_a), (python_b, numpy_b) = a, b
-    if python_a != python_b or (numpy_a is None) != (numpy_b is None):
-        return False
-    return numpy_a is None or (tuple(numpy_a[2:]) == tuple(numpy_b[2:]) and numpy_a[0] == numpy_b[0]
-                               and bool((numpy_a[1] == numpy_b[1]).all()))
+    return not drawn_host_generators(a, b)
 
 
 @contextlib.contextmanager

@@ -7,12 +7,15 @@ storage and what every op allocates and costs, contracts it (`capture.contract`)
 
 A first eager forward (no grad, state restored) records every scalar the forward reads from a tensor.
 When there are any, the capture runs on real values (fake tensors that carry real data,
-`fake_tensor_propagate_real_tensors`), so models that read a tensor's value in Python (`.item()`,
-`if torch.all(mask):`) trace, the graph specialised to the sample input; otherwise the capture is
-purely symbolic on static shapes. Either way the joint graph then runs once on real tensors to learn
-storages and costs. The specialisation (input shapes, dtypes, and every scalar the forward
-read from a tensor, in order) is recorded in `TraceResult.specialisation`; `TraceResult.check_input`
-refuses an input that differs in shape or dtype or that would read different values.
+`fake_tensor_propagate_real_tensors`; parameters are fakeified as plain tensors, whose data torch copies),
+so models that read a tensor's value in Python (`.item()`, `if torch.all(mask):`) trace, the graph
+specialised to the sample input; otherwise the capture is purely symbolic on static shapes. Either way
+the joint graph then runs once on real tensors to learn storages and costs. The specialisation (input
+shapes, dtypes, and every scalar the forward read from a tensor, in order) is recorded in
+`TraceResult.specialisation`; `TraceResult.check_input` refuses an input that differs in shape or dtype
+or that would read different values. The module-level globals the forward code reads are recorded too
+(`TraceResult.global_reads`, checked by the planned module at every call), and a forward that draws from
+Python's or numpy's global generator is refused: the graph would replay the numbers drawn while tracing.
 
 This is the only module of the project that imports torch.fx (with `costs`, `contract` and
 `measure_memory`, its helpers). Solvers see only the returned `graphs.ir.Graph`.
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.fx
@@ -39,10 +43,11 @@ from capture.call import CallSpec
 from capture.contract import OpRecord
 from capture.contract import contract as _contract
 from capture.fx_nodes import nodes_by_name
+from capture.global_reads import GlobalReads
 from capture.guards import Guard, record_reads_and_guard
 from capture.measure_memory import storage_bytes
 from capture.random_draws import node_draws_random
-from capture.state import restored_rng
+from capture.state import drawn_host_generators, host_rng_state, restored_rng
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 
@@ -144,6 +149,7 @@ class Specialisation:
     training: the model's `training` flag when traced.
     scalar_reads: every scalar the forward read from a tensor, in program order, as (op, value);
     the graph took the branches these values chose and baked them in as constants.
+    read_sites: where in the model's code each of them was read, as `file:line (source)`.
     """
 
     input_shapes: tuple[tuple[int, ...], ...]
@@ -151,6 +157,7 @@ class Specialisation:
     input_devices: tuple[str, ...]
     training: bool
     scalar_reads: tuple[tuple[str, Any], ...]
+    read_sites: tuple[str, ...] = ()
 
     def describe(self) -> str:
         reads = ", ".join(f"{op}={v!r}" for op, v in self.scalar_reads) or "none"
@@ -191,6 +198,8 @@ class TraceResult:
         gradient of.
     own_loss_leaf: the leaf of the loss the model computed itself (`own_loss_leaf`), the only one then
         differentiated; None when the model returns no such loss.
+    global_reads: the module-level globals the forward code read and their values, which the graph holds as
+        constants (`capture.global_reads.GlobalReads`; None in a TraceResult made otherwise).
     output_kinds: one entry per joint output: ("buffer_update", buffer name), ("output", leaf index),
         ("intermediate_base", None), ("grad", primal index) or ("none", primal index) for a primal
         without a gradient.
@@ -231,6 +240,7 @@ class TraceResult:
     guard: Guard | None = field(default=None, repr=False)
     call_spec: CallSpec | None = None  # how the model is called (None: positional inputs only)
     own_loss_leaf: int | None = None
+    global_reads: GlobalReads | None = field(default=None, repr=False)  # the globals the forward code read
 
     @cached_property
     def fx_nodes(self) -> dict[str, torch.fx.Node]:
@@ -296,11 +306,12 @@ class TraceResult:
                 reads = tuple((op, value) for (op, _), value in
                               zip(sp.scalar_reads, self.guard.reads(self.model, *inputs)))
             else:
-                reads, _ = record_reads_and_guard(self.model, tuple(inputs), self.call_spec)
+                reads, _, _ = record_reads_and_guard(self.model, tuple(inputs), self.call_spec)
             for k, (old, new) in enumerate(zip(sp.scalar_reads, reads)):
                 if old != new:
+                    at = f" at {sp.read_sites[k]}" if k < len(sp.read_sites) else ""
                     raise SpecialisationError(
-                        f"the forward's scalar read #{k} ({old[0]}) gave {new[1]!r} where the trace saw "
+                        f"the forward's scalar read #{k} ({old[0]}{at}) gave {new[1]!r} where the trace saw "
                         f"{old[1]!r}: this input takes another path than the traced graph"
                     )
             if len(reads) != len(sp.scalar_reads):
@@ -354,6 +365,27 @@ def _has_unbacked_shapes(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+_HOST_GENERATORS = {
+    "random": "Python's global generator (random.random, random.choice, ...)",
+    "numpy.random": "numpy's global generator (np.random.rand, np.random.choice, ...)",
+}
+
+
+@contextlib.contextmanager
+def _refusing_host_draws() -> Iterator[None]:
+    """Raise TraceError when the forward traced within draws from Python's or numpy's global generator: the graph
+    holds the numbers drawn while tracing as constants, and every planned step would reuse them."""
+    before = host_rng_state()
+    yield
+    drawn = drawn_host_generators(before, host_rng_state())
+    if drawn:
+        raise TraceError(
+            f"the forward draws from {' and '.join(_HOST_GENERATORS[g] for g in drawn)}, which a traced graph "
+            "cannot replay: every planned step would reuse the numbers drawn while tracing; draw with torch's "
+            "generator instead (torch.rand, torch.randint, torch.randperm, dropout), which the plan replays exactly"
+        )
+
+
 class _Captured(Exception):
     """Raised by the partition function to stop AOTAutograd once the joint graph is in hand."""
 
@@ -376,6 +408,13 @@ def _quiet_symbolic_shapes():
         yield
     finally:
         logger.setLevel(old)
+
+
+def _plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a plain leaf tensor on the same storage (requires_grad kept), for fakeifying with real values: torch
+    2.13's fake-tensor converter copies the data of a plain `torch.Tensor` only, and gives a parameter (an
+    nn.Parameter is a subclass) an uninitialised real tensor, whose garbage the forward's value reads then see."""
+    return t.detach().requires_grad_(t.requires_grad)
 
 
 def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: bool):
@@ -419,7 +458,7 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
         enable_autograd_cache=False, fake_tensor_propagate_real_tensors=real_values
     ), _quiet_symbolic_shapes(), meta_overrides.overrides():
         mode = FakeTensorMode(shape_env=ShapeEnv() if real_values else None)
-        fake = [mode.from_tensor(t, static_shapes=True) for t in real]
+        fake = [mode.from_tensor(_plain_tensor(t), static_shapes=True) for t in real]
         try:
             compiled(*fake)
         except _Captured:
@@ -516,6 +555,25 @@ def _tensor_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     return list(seen)
 
 
+def _cpu_loss_ops() -> frozenset:
+    aten = torch.ops.aten
+    return frozenset({aten.mse_loss.default, aten.smooth_l1_loss.default, aten.binary_cross_entropy.default,
+                      aten.soft_margin_loss.default})
+
+
+def _cpu_reduction_buffer_bytes(n: torch.fx.Node, args, value) -> int:
+    """The storage a CPU loss kernel really returns: mse_loss, smooth_l1_loss, binary_cross_entropy and
+    soft_margin_loss compute the unreduced loss into a buffer of the broadcast inputs' size and return the mean or
+    sum as a 0-d view of it, so the scalar loss holds that buffer for as long as it lives (checked on torch 2.13;
+    fake tensors give 4 bytes). 0 for any other op or device."""
+    if n.target not in _cpu_loss_ops() or not isinstance(value, torch.Tensor):
+        return 0
+    inputs = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+    if len(inputs) < 2 or getattr(inputs[0], "fake_device", inputs[0].device).type != "cpu":
+        return 0
+    return math.prod(torch.broadcast_shapes(inputs[0].shape, inputs[1].shape)) * value.element_size()
+
+
 def _build_records(gm, flat_args, cost_model, device, real_run):
     """One OpRecord per call_function node, in fx order, from a (fake or real) run of the joint graph."""
     interp = _RecordingInterpreter(gm)
@@ -590,6 +648,8 @@ def _build_records(gm, flat_args, cost_model, device, real_run):
                     records[op_i].bytes -= moved
                     new_bytes, shares, is_secondary = moved, set(), True
         args, kwargs = interp.calls[n.name]
+        if not real_run and new_bytes:
+            new_bytes = max(new_bytes, _cpu_reduction_buffer_bytes(n, args, value))
         f = _costs.node_flops(n, args, kwargs, value)
         flops[n.name] = f
         ins = _tensor_inputs(n)
@@ -678,14 +738,15 @@ def trace(
     phases: dict[str, float] = {}
     devices = sorted({t.device.index for t in inputs if t.is_cuda} - {None})
     scalar_reads: tuple = ()
+    read_sites: tuple = ()
     guard: Guard | None = None
     try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
-        with restored_rng(devices):
+        with restored_rng(devices), _refusing_host_draws():
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
     except _NeedsValues:
-        scalar_reads, guard = record_reads_and_guard(model, inputs, call)
+        scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call)
         phases["scalar_reads"] = time.perf_counter() - t0
-        with restored_rng(devices):
+        with restored_rng(devices), _refusing_host_draws():
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
     phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
@@ -694,6 +755,7 @@ def trace(
         input_devices=tuple(str(t.device) for t in inputs),
         training=bool(model.training),
         scalar_reads=scalar_reads,
+        read_sites=read_sites,
     )
     kinds, tangent_outputs = _describe_outputs(gm, len(params), len(buffers), list(buffers), out_spec.num_leaves)
 
@@ -757,4 +819,5 @@ def trace(
         guard=guard,
         call_spec=call,
         own_loss_leaf=loss_leaf,
+        global_reads=GlobalReads.of(model),
     )

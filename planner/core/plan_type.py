@@ -81,7 +81,8 @@ class Plan:
     traced_nodes: int  # nodes of the trace: solver labels from this on are the tangents and the loss's workspace
     graph_kind: GraphKind = GraphKind.SOLVER
     executor_computes: list[int] | None = None
-    loss_bytes: int = 0  # the loss function's temporaries (capture.module_tags.loss_workspace_bytes)
+    loss_bytes: int = 0  # the loss function's temporaries (capture.loss_workspace.LossMemory)
+    loss_held_bytes: int = 0  # of those, what the loss tensor keeps alive to the end of the step
     modules: dict[int, str] = field(default_factory=dict)
     trace_seconds: float = 0.0
     reference_peak_bytes: int = 0  # the solver graph's peak without recomputation
@@ -99,7 +100,8 @@ class Plan:
         return cls(graph=solved.graph, result=solved.result, fingerprint=fingerprint, cost_model=cost_model,
                    exact_peak_bytes=solved.exact_peak_bytes, traced_nodes=traced.graph.n, graph_kind=solved.kind,
                    executor_computes=None if seq == list(solved.result.schedule.computes) else seq,
-                   loss_bytes=problem.loss_bytes, modules=dict(modules or {}), trace_seconds=traced.trace_seconds,
+                   loss_bytes=problem.loss_bytes, loss_held_bytes=problem.loss_held_bytes,
+                   modules=dict(modules or {}), trace_seconds=traced.trace_seconds,
                    reference_peak_bytes=reference_peak_bytes(problem.solver_graph), traced=traced, problem=problem,
                    halves=solved.halves)
 
@@ -202,6 +204,7 @@ class Plan:
             "executor_computes": None if self.executor_computes is None else [int(v) for v in self.executor_computes],
             "exact_peak_bytes": int(self.exact_peak_bytes),
             "loss_bytes": int(self.loss_bytes),
+            "loss_held_bytes": int(self.loss_held_bytes),
             "modules": {str(k): v for k, v in self.modules.items()},
             "reference_peak_bytes": int(self.reference_peak_bytes),
             "trace_seconds": float(self.trace_seconds),
@@ -238,7 +241,7 @@ class Plan:
                    exact_peak_bytes=int(meta["exact_peak_bytes"]), traced_nodes=int(meta["traced_nodes"]),
                    graph_kind=kind,
                    executor_computes=_executor_computes_from(path, meta.get("executor_computes"), ls.schedule),
-                   loss_bytes=int(meta.get("loss_bytes", 0)),
+                   loss_bytes=int(meta.get("loss_bytes", 0)), loss_held_bytes=int(meta.get("loss_held_bytes", 0)),
                    modules={int(k): v for k, v in meta.get("modules", {}).items()},
                    trace_seconds=float(meta.get("trace_seconds", 0.0)),
                    reference_peak_bytes=int(meta.get("reference_peak_bytes", 0)))
@@ -267,7 +270,7 @@ class Plan:
         # the plan's own cost model: the contraction folds free views only where they cost nothing, so a graph
         # traced with measured times has more nodes than one traced with FLOPs (costs themselves are not compared)
         traced = trace_model(model, sample_input, self.cost_model)
-        got = PlanningProblem(traced, self.loss_bytes).graph(self.graph_kind)
+        got = PlanningProblem(traced, self.loss_bytes, self.loss_held_bytes).graph(self.graph_kind)
         diff = _graph_difference(self.graph, got, compare_costs=self.cost_model == "flops")
         if diff is not None:
             raise PlanMismatchError(

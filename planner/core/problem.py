@@ -66,11 +66,12 @@ class Finalised:
 
 class PlanningProblem:
     """The graphs and checks plan() needs for one trace (`capture.trace.TraceResult`) and the bytes of a loss computed
-    outside the model (`capture.module_tags.loss_workspace_bytes`; 0 without one). See the module docstring."""
+    outside the model (`capture.loss_workspace.LossMemory`; 0 without one). See the module docstring."""
 
-    def __init__(self, traced, loss_bytes: int = 0):
+    def __init__(self, traced, loss_bytes: int = 0, loss_held_bytes: int = 0):
         self.traced = traced
         self.loss_bytes = int(loss_bytes)
+        self.loss_held_bytes = int(loss_held_bytes)  # what the loss tensor keeps to the step's end (LossMemory)
 
     # ---- the graphs ----------------------------------------------------------------------------
     @cached_property
@@ -79,7 +80,8 @@ class PlanningProblem:
         return secondary_outputs(self.traced)
 
     def _build(self, pinned: bool) -> Graph:
-        return solver_graph(self.traced, self.loss_bytes, pin_secondaries=pinned, secondaries=self.secondaries)
+        return solver_graph(self.traced, self.loss_bytes, pin_secondaries=pinned, secondaries=self.secondaries,
+                            loss_held_bytes=self.loss_held_bytes)
 
     @cached_property
     def solver_graph(self) -> Graph:

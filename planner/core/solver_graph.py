@@ -16,7 +16,7 @@ LOSS_RESERVE_BYTES = 1024
 
 
 def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
-                 secondaries: dict[int, list[int]] | None = None) -> Graph:
+                 secondaries: dict[int, list[int]] | None = None, loss_held_bytes: int = 0) -> Graph:
     """The graph the solver plans: the traced graph, adjusted to what the executor really holds.
 
     - Recomputable unless a node produces one of the model's outputs (the caller holds the output from
@@ -41,8 +41,10 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
       is resident until then); for a backward op's, `executor_sequence` turns a schedule into what the executor
       really holds, and with `pin_secondaries` such nodes are not recomputable at all (plan() falls back to that
       graph when the first does not fit).
-    - With `loss_bytes` (see `capture.module_tags.loss_workspace_bytes`), a node `loss` of that size reads the model's
-      outputs and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
+    - With `loss_bytes` (`capture.loss_workspace.LossMemory.workspace_bytes`), a node `loss` of that size reads the
+      model's outputs and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
+      With `loss_held_bytes` (part of `loss_bytes`), a node `loss held` of that size, retained to the end, before it:
+      what the loss tensor keeps alive through the backward (`LossMemory.held_bytes`).
     - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step, unless the model computes its loss itself (every tangent is a
       scalar: the loss is then an output node and its seed the tangent).
@@ -102,10 +104,16 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
     if loss_bytes:
         # the loss's own temporaries (e.g. cross-entropy's log-softmax) live from the end of the forward
         # until autograd hands the gradients over
-        recs.append({"id": loss_label, "name": "loss", "cost": 0.0, "bytes": int(loss_bytes), "inputs": out_groups,
-                     "backward": False, "retain": False, "recomputable": False})
+        held = min(int(loss_held_bytes), int(loss_bytes))
+        recs.append({"id": loss_label, "name": "loss", "cost": 0.0, "bytes": int(loss_bytes) - held,
+                     "inputs": out_groups, "backward": False, "retain": False, "recomputable": False})
         first_tangent = next(k for k, lab in enumerate(order) if lab >= g.n)
         order.insert(first_tangent, loss_label)
+        if held:
+            held_label = loss_label + 1
+            recs.append({"id": held_label, "name": "loss held", "cost": 0.0, "bytes": held, "inputs": out_groups,
+                         "backward": False, "retain": True, "recomputable": False})
+            order.insert(first_tangent, held_label)
     # the model's own loss is an output node and its seed gradient the tangent: nothing lives outside the graph
     own_loss = bool(read_tangents) and all(tangents[j].meta["val"].numel() == 1 for j in read_tangents)
     reserve = 0 if own_loss and not loss_bytes else LOSS_RESERVE_BYTES

@@ -150,8 +150,9 @@ class PlannedModule(torch.nn.Module):
     `out = m(*inputs)` (or `m(**batch)`, as the plan was traced); `loss(out).backward(); optimizer.step()` work
     as with the original model; the
     parameters, buffers, gradients and state_dict are the original model's (under the `module.` prefix
-    for state_dict). Inputs must match the traced specialisation (shapes, dtypes, values read in Python)
-    or PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
+    for state_dict). Inputs must match the traced specialisation (shapes, dtypes, values read in Python), and the
+    module-level globals the forward code reads must hold their traced values (capture.global_reads), or
+    PlanMismatchError is raised. In eval mode, or when gradients are disabled, the original model runs.
     """
 
     def __init__(self, model: torch.nn.Module, plan, traced=None, compile: bool = False,
@@ -245,6 +246,10 @@ class PlannedModule(torch.nn.Module):
         if self._traced is None:  # a loaded plan: trace on the first call's input (the plan checks the graph)
             self._traced = self._plan.trace_for(self.module, (args, kwargs) if kwargs else args)
         tr = self._traced
+        changed = tr.global_reads.changed() if tr.global_reads is not None else None
+        if changed is not None:
+            raise PlanMismatchError(f"{changed}: plan again after changing it (or keep the value in a tensor, "
+                                    "a buffer or an input, which the plan reads at every step)")
         try:
             inputs = tr.call_spec.flatten(args, kwargs) if tr.call_spec is not None else args
             tr.check_input(*inputs)

@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Callable
 
 from capture.call import CallSpec
-from capture.loss_workspace import loss_workspace_bytes
+from capture.loss_workspace import LossMemory, loss_memory
 from capture.module_tags import trace_model
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from planner.core.units import GB, budget_bytes_from_gb
@@ -85,8 +85,9 @@ class _Search:
         self.progress(f"size {n}: tracing and finding its smallest feasible budget")
         model, sample, traced = self._build(n)
         call, inputs = CallSpec.of(sample)
-        loss_bytes = 0 if self.loss_fn is None else loss_workspace_bytes(model, inputs, self.loss_fn, call)
-        return smallest_budget(traced, self.time_limit_s * PROBE_SHARE, loss_bytes=loss_bytes).budget_bytes
+        loss = LossMemory() if self.loss_fn is None else loss_memory(model, inputs, self.loss_fn, call)
+        return smallest_budget(traced, self.time_limit_s * PROBE_SHARE, loss_bytes=loss.workspace_bytes,
+                               loss_held_bytes=loss.held_bytes).budget_bytes
 
     def attempt(self, n: int) -> Attempt:
         if n in self.attempts:

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from capture.call import CallSpec
-from capture.loss_workspace import loss_workspace_bytes
+from capture.loss_workspace import LossMemory, loss_memory
 from capture.module_tags import node_modules, trace_model
 from capture.trace import TraceResult
 from graphs.errors import ArgumentError, RematError
@@ -28,24 +28,28 @@ from planner.core.units import GB, budget_bytes_from_gb, seconds_value
 
 COST_MODELS = ("auto", "flops", "time", "roofline")
 # what a loss computed outside the model holds beyond its outputs' gradient, per output byte, when no loss_fn says:
-# cross-entropy (log-softmax and its gradient), MSE and smooth-L1 (the difference and its gradient) all hold 2x,
-# measured with capture.loss_workspace on a GPT's logits (2026-12-07)
+# cross-entropy (log-softmax and its gradient), MSE and smooth-L1 (a zero target, the unreduced loss) hold 2x at the
+# forward/backward boundary, and on CPU the mean of MSE, smooth-L1 and binary cross-entropy is a view of the
+# unreduced loss, 1x held to the step's end (capture.loss_workspace.loss_memory on a GPT's logits, 2026-12-07)
 LOSS_RESERVE_PER_OUTPUT_BYTE = 2
+LOSS_HELD_PER_OUTPUT_BYTE = 1
 
 
-def smallest_budget(plan_or_traced, time_limit_s: float = 30.0, *, loss_bytes: int = 0) -> SmallestBudget:
+def smallest_budget(plan_or_traced, time_limit_s: float = 30.0, *, loss_bytes: int = 0,
+                    loss_held_bytes: int = 0) -> SmallestBudget:
     """The smallest budget (bytes) a schedule plan() can run is known to meet, for a Plan's model or a TraceResult
-    (with `loss_bytes`, the memory of a loss computed outside the model), how that is known and the solver that met
-    it; budget_bytes is None when nothing is known within `time_limit_s`."""
+    (with `loss_bytes` and `loss_held_bytes`, the memory of a loss computed outside the model: LossMemory), how that
+    is known and the solver that met it; budget_bytes is None when nothing is known within `time_limit_s`."""
     time_limit_s = seconds_value(time_limit_s)
     if not isinstance(plan_or_traced, (Plan, TraceResult)):
         raise ArgumentError(f"smallest_budget takes a Plan or a TraceResult, got {type(plan_or_traced).__name__}")
     if isinstance(plan_or_traced, Plan):
         if plan_or_traced.traced is None:
             raise ValueError("a plan loaded from JSON holds no trace: pass the TraceResult of the model")
-        problem = plan_or_traced.problem or PlanningProblem(plan_or_traced.traced, plan_or_traced.loss_bytes)
+        problem = plan_or_traced.problem or PlanningProblem(plan_or_traced.traced, plan_or_traced.loss_bytes,
+                                                            plan_or_traced.loss_held_bytes)
     else:
-        problem = PlanningProblem(plan_or_traced, loss_bytes)
+        problem = PlanningProblem(plan_or_traced, loss_bytes, loss_held_bytes)
     return problem.smallest_budget(time_limit_s)
 
 
@@ -108,9 +112,8 @@ def _plan(model, sample_input, budget_gb, solver, cost_model, time_limit_s, devi
         traced = trace_model(model, sample_input, cm, device_name)
     elif traced.model is not model:
         raise ValueError("`traced` belongs to another model object")
-    loss_bytes = _loss_reserve_bytes(traced) if loss_fn is None else \
-        loss_workspace_bytes(model, inputs, loss_fn, call)
-    problem = PlanningProblem(traced, loss_bytes)
+    loss = _loss_reserve(traced) if loss_fn is None else loss_memory(model, inputs, loss_fn, call)
+    problem = PlanningProblem(traced, loss.workspace_bytes, loss.held_bytes)
     modules = node_modules(traced)  # graph node -> its module: the plan's report, the blocks of the candidates
     say(f"solving: {traced.graph.n} nodes, budget {budget_bytes / GB:.6f} GB, solver {solver}, "
         f"limit {time_limit_s:g} s")
@@ -155,19 +158,21 @@ def refuse_wrapper(model: torch.nn.Module) -> None:
                          "plan(model, ...).apply(model, compile=True) compiles the planned step with inductor")
 
 
-def _loss_reserve_bytes(traced) -> int:
-    """The bytes reserved for a loss computed outside the model when no `loss_fn` says which: none where an output
-    is a scalar (the model's own loss); else LOSS_RESERVE_PER_OUTPUT_BYTE per byte of the differentiated outputs,
-    with a LossNotPlannedWarning saying so."""
+def _loss_reserve(traced) -> LossMemory:
+    """What is reserved for a loss computed outside the model when no `loss_fn` says which: nothing where an output
+    is a scalar (the model's own loss); else LOSS_RESERVE_PER_OUTPUT_BYTE per byte of the differentiated outputs at
+    the forward/backward boundary, LOSS_HELD_PER_OUTPUT_BYTE of it to the step's end, with a LossNotPlannedWarning
+    saying so."""
     phs = [n for n in traced.joint_module.graph.nodes if n.op == "placeholder"][traced.num_primals:]
     vals = [ph.meta["val"] for ph in phs]
     if not vals or any(v.numel() == 1 for v in vals):
-        return 0
+        return LossMemory()
     out_bytes = sum(v.numel() * v.element_size() for v in vals)
-    reserve = LOSS_RESERVE_PER_OUTPUT_BYTE * out_bytes
+    reserve = LossMemory(LOSS_RESERVE_PER_OUTPUT_BYTE * out_bytes, LOSS_HELD_PER_OUTPUT_BYTE * out_bytes)
     warnings.warn(LossNotPlannedWarning(
-        f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: {reserve} bytes are "
-        f"reserved for the loss computed from them ({LOSS_RESERVE_PER_OUTPUT_BYTE}x the outputs, what a "
-        "cross-entropy, MSE or smooth-L1 loss holds beyond the outputs' gradient); pass loss_fn= to plan the loss "
-        "you use exactly, or let the model compute its loss (e.g. transformers models given labels)"), stacklevel=4)
+        f"the model's outputs ({out_bytes} bytes) are not a scalar loss and no loss_fn was given: "
+        f"{reserve.workspace_bytes} bytes are reserved for the loss computed from them, {reserve.held_bytes} of them "
+        f"to the step's end (what a cross-entropy, MSE, smooth-L1 or binary cross-entropy loss holds beyond the "
+        "outputs' gradient); pass loss_fn= to plan the loss you use exactly, or let the model compute its loss (e.g. "
+        "transformers models given labels)"), stacklevel=4)
     return reserve

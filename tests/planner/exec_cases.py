@@ -19,7 +19,7 @@ from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
 from graphs.simulate import reference_peak_bytes
 from harness.eager_compare import step_state
 from planner import GB, plan
-from planner.tools.measure import measure_peak_bytes
+from planner.tools.measure import default_loss, measure_peak_bytes
 from planner.whole.api import smallest_budget
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state, make
 
@@ -30,7 +30,9 @@ class Case:
     def __init__(self, name: str):
         self.name = name
         self.model, self.x = make(name)
-        self.first = plan(self.model, self.x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S)
+        # the loss the step and the measurement compute (the sum of the outputs), planned as such
+        self.first = plan(self.model, self.x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S,
+                          loss_fn=default_loss)
         self.ref = reference_peak_bytes(self.first.graph)
         self.eager = eager_state(self.model, self.x)
 
@@ -48,7 +50,7 @@ class Case:
 
     def _plan_with(self, budget: int, solver: str, time_limit_s: float):
         return plan(self.model, self.x, budget / GB, solver=solver, cost_model="flops", traced=self.first.traced,
-                    time_limit_s=time_limit_s)
+                    time_limit_s=time_limit_s, loss_fn=default_loss)
 
     def plan(self, budget: int, solver: str):
         try:

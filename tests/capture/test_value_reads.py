@@ -1,0 +1,189 @@
+"""Forwards that read a value in Python: a tensor's value (`.item()`, `if h.mean() > t:`), a module-level global, a
+draw from Python's or numpy's generator. The planned step equals eager's, or a project error names the cause before
+a wrong value is returned."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from capture.state import host_rng_state, same_host_rng
+from graphs.errors import PlanMismatchError, TraceError
+from harness.eager_compare import step_state
+from planner import plan
+from planner.whole.api import smallest_budget
+from tests.planner.helpers import assert_same_state, eager_state
+
+SCALE = 2.0  # read by ScaledBlock's helper; a test changes it between steps
+USE_TANH = True  # read by ScaledBlock's method
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _plan(model, x, budget_gb=1000.0, **kw):
+    return plan(model, x, budget_gb, cost_model="flops", time_limit_s=3, **kw)
+
+
+class Total(nn.Module):
+    """The loss as the model's last layer (plan() then reserves no memory for a loss of its own)."""
+
+    def forward(self, x):
+        return x.sum()
+
+
+class ItemScale(nn.Module):
+    """Chooses a Python constant from a value read with .item()."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        c = 2.0 if h.detach().mean().item() > 0 else 0.5
+        return self.b(h * c).sum()
+
+
+class WeightRead(nn.Module):
+    """Bakes a value read from a parameter into the graph (int() specialises it): a capture that saw other
+    parameter values than the real ones gives another loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        k = int(self.a.weight.abs().sum().item() * 1000)
+        return (self.a(x) * (k / 1000)).sum()
+
+
+@pytest.mark.parametrize("shift", [2.0, -2.0])  # the sample's data takes one branch, then the other
+def test_item_read_of_parameter_data_plans_as_eager(shift):
+    torch.manual_seed(0)
+    for model, x in [(ItemScale(), torch.randn(16, 8) + shift), (WeightRead(), torch.randn(4, 8))]:
+        want = eager_state(model, x)
+        p = _plan(model, x)
+        assert_same_state(step_state(p.apply(model), x, seed=7), want)
+
+
+def test_batchnorm_without_momentum_plans_and_its_step_counter_is_guarded():
+    # momentum=None reads num_batches_tracked (a cumulative average): the first step equals eager's; at the next
+    # one the counter reads 2 where the graph holds 1, which the planned module refuses by name
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None), nn.ReLU(), nn.Linear(8, 4), Total())
+    x = torch.randn(16, 8)
+    want = eager_state(model, x)
+    planned = _plan(model, x).apply(model)
+    assert_same_state(step_state(planned, x, seed=7), want)
+    read = r"scalar read #0 \(_local_scalar_dense at .*batchnorm.py:\d+ \(.*float\(self.num_batches_tracked\)\)\)"
+    with pytest.raises(PlanMismatchError, match=read + " gave 2 where the trace saw 1"):
+        planned(x)
+
+
+class BranchBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, h):
+        h = self.lin(h).relu()
+        if h.mean() > 0.2:
+            h = h * 3
+        return h
+
+
+class ThreeBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(BranchBlock() for _ in range(3))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x.sum()
+
+
+def test_branch_on_a_mean_equals_eager_and_the_other_branch_is_refused_by_its_line():
+    torch.manual_seed(2)
+    model = ThreeBlocks()
+    x = torch.randn(16, 8) + 1
+    full = _plan(model, x)
+    assert [v for _, v in full.traced.specialisation.scalar_reads] == [True, True, False]  # both branches taken
+    budget = smallest_budget(full, time_limit_s=3).budget_bytes
+    p = plan(model, x, budget / 1e9, cost_model="flops", time_limit_s=3, traced=full.traced)
+    assert p.compute_sequence != full.compute_sequence  # a schedule that recomputes
+    planned = p.apply(model)
+    for inp in (x, x + 0.01):  # the sample and another input on the same path
+        assert_same_state(step_state(planned, inp, seed=7), eager_state(model, inp))
+    with pytest.raises(PlanMismatchError, match=r"read #2 \(_local_scalar_dense at .*test_value_reads.py:\d+ "
+                                                r"\(if h.mean\(\) > 0.2:\)\) gave True where the trace saw False"):
+        planned(x * 2)
+
+
+def helper(h):
+    return h * SCALE
+
+
+class ScaledBlock(nn.Module):
+    """Reads SCALE in a helper function and USE_TANH in a method, both module-level globals."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, h):
+        return self._act(helper(self.lin(h)))
+
+    def _act(self, h):
+        return h.tanh() if USE_TANH else h.relu()
+
+
+def test_changed_global_is_refused_by_name_and_the_traced_value_runs_as_eager(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(ScaledBlock(), ScaledBlock(), Total())
+    x = torch.randn(4, 8)
+    p = _plan(model, x)
+    assert sorted(p.traced.global_reads.names) == ["SCALE", "USE_TANH"]
+    planned = p.apply(model)
+    assert_same_state(step_state(planned, x, seed=7), eager_state(model, x))
+    for name, value, shown in [("SCALE", 3.0, "3.0"), ("SCALE", 2, "2"), ("USE_TANH", False, "False")]:
+        with monkeypatch.context() as mp:
+            mp.setitem(globals(), name, value)
+            with pytest.raises(PlanMismatchError, match=rf"global '{name}' of module '{__name__}' is {shown}; "
+                                                        "it was .* when the plan was traced"):
+                planned(x)
+    assert_same_state(step_state(planned, x, seed=7), eager_state(model, x))  # the traced values back: it runs
+
+
+class PythonDraw(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return (self.lin(x) * random.random()).sum()
+
+
+class NumpyDraw(PythonDraw):
+    def forward(self, x):
+        return (self.lin(x) * float(np.random.rand())).sum()
+
+
+@pytest.mark.parametrize("cls, named", [(PythonDraw, "Python's global generator"),
+                                        (NumpyDraw, "numpy's global generator")])
+def test_host_random_draw_is_refused_by_name_and_consumes_none_of_the_users_draws(cls, named):
+    torch.manual_seed(0)
+    before = host_rng_state()
+    with pytest.raises(TraceError, match=rf"draws from {named} .* which a traced graph cannot replay.*torch's "
+                                         "generator instead"):
+        _plan(cls(), torch.randn(4, 8))
+    assert same_host_rng(host_rng_state(), before)
