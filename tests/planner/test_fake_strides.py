@@ -36,3 +36,22 @@ def test_batch_norm_over_a_transposed_activation_plans_and_equals_eager(shape):
                  loss_fn=default_loss)
         assert_same_state(eager_state(p.apply(model), x), want)  # a step of a copy: the buffers stay as they are
         assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= budget
+
+
+class LinearOverTime(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.lin = nn.BatchNorm1d(16), nn.Linear(10, 12)
+
+    def forward(self, x):  # x: (batch, time=10, channels=16); the Linear reads the norm's contiguous (B, C, T) output
+        return self.lin(self.norm(x.transpose(1, 2)))
+
+
+def test_the_trace_runs_the_kernel_eager_runs_on_the_real_layout():
+    # eager flattens the contiguous output with a view and runs addmm; a trace that believed the fake (strided)
+    # output ran mm + add, whose bias gradient differed in the last bits
+    torch.manual_seed(0)
+    model, x = LinearOverTime().train(), torch.randn(4, 10, 16)
+    p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
+    assert "aten.addmm" in p.traced.joint_module.code
+    assert_same_state(eager_state(p.apply(model), x), eager_state(model, x))
