@@ -127,9 +127,13 @@ def flatten_output(out: Any, where: str = "output") -> tuple[list[torch.Tensor],
             return OutputSpec("mapping", type(x), keys, tuple(go(x[k], f"{path}[{k!r}]") for k in keys))
         if isinstance(x, (tuple, list)):
             return OutputSpec("sequence", type(x), (), tuple(go(v, f"{path}[{i}]") for i, v in enumerate(x)))
+        hint = ""
+        if type(x).__name__.endswith("Cache"):  # a transformers key/value cache, returned when use_cache is on
+            hint = ("; a training step does not use the key/value cache: plan with use_cache=False in the batch, or "
+                    "plan in place with planner.enable(model, budget_gb), which runs the model's code as written")
         raise TraceError(
             f"the model's {path} is a {type(x).__name__}, which the tracer cannot look into: return tensors, "
-            "or tuples, lists or dicts of them"
+            f"or tuples, lists or dicts of them{hint}"
         )
 
     spec = go(out, where)

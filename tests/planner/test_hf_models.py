@@ -71,3 +71,13 @@ def test_no_loss_warning_when_the_model_computes_its_loss():
     with warnings.catch_warnings():
         warnings.simplefilter("error", LossNotPlannedWarning)
         plan(model, batch, 1000.0, cost_model="flops", time_limit_s=5)
+
+
+def test_a_default_config_returning_its_cache_is_refused_with_the_fix():
+    # use_cache is on by default: the output holds a DynamicCache, which a traced graph cannot return
+    from graphs.errors import TraceError
+
+    model, batch = _gpt2()
+    del batch["use_cache"]
+    with pytest.raises(TraceError, match="is a DynamicCache.*plan with use_cache=False.*planner.enable"):
+        plan(model, batch, 1000.0, cost_model="flops", time_limit_s=10)
