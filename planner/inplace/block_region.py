@@ -392,7 +392,15 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
                                           _planned_runner(p, region, compile)), _planned_cost(p)))
                 plans[name] = p
         for opt, cost in candidates:
-            measure(opt, cost, lambda ts, run=opt.run: run(block, ts, tuple(scratch)))
+            try:
+                measure(opt, cost, lambda ts, run=opt.run: run(block, ts, tuple(scratch)))
+            except (RematError, RuntimeError) as e:
+                if opt.kind is not OptionKind.PLANNED:
+                    raise
+                # the traced schedule does not run on the real tensors (a fake layout the kernel does not give):
+                # the block keeps the options that run its own code
+                scratch.clear()
+                notes.append(f"{opt.figures.name} did not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
     for opt, saved, cost in derived:
         figures = _derived(options[0].figures, whole_option(options).figures, records, saved)
         if figures is not None:

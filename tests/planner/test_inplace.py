@@ -334,6 +334,28 @@ def test_an_option_cut_by_the_time_limit_is_named(monkeypatch):
     assert "planned@0.8: no schedule found" in state.summary()
 
 
+def test_a_traced_schedule_that_does_not_run_leaves_the_blocks_own_options(monkeypatch):
+    # a traced schedule built on fake layouts the kernels do not give fails on the real tensors: the block trains on
+    # the options that run its own code, and the profile says why the schedule is not among them
+    import planner.inplace.block_region as region_module
+
+    def failing_runner(p, region, compile):
+        def run(block, tensors, caches=()):
+            raise RuntimeError("view size is not compatible with input tensor's size and stride")
+        return run
+
+    monkeypatch.setattr(region_module, "_planned_runner", failing_runner)
+    model, batch = build("llama", "test")
+    eager = copy.deepcopy(model)
+    state = planner.enable(model, 1.0, time_limit_s=LIMIT_S, planned=True)
+    model(**batch).loss.backward()
+    eager(**batch).loss.backward()
+    for prof in state.profiles.values():
+        assert not any(o.kind is region_module.OptionKind.PLANNED for o in prof.options)
+        assert "did not run (RuntimeError: view size is not compatible" in prof.note
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+
+
 def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
     """Each longer sequence length is a new block shape: with planned=True only the first shape of a block structure
     is traced and planned, the others get the options that run at any shape, untraced; a shorter batch than one
