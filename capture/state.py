@@ -99,3 +99,31 @@ def restored(module: torch.nn.Module, devices=()) -> Iterator[None]:
             with torch.no_grad():
                 for n, b in module.named_buffers():
                     b.copy_(saved[n])
+
+
+@contextlib.contextmanager
+def swapped_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Within: every slot of `model` (any submodule's parameter or buffer entry) that holds the tensor named in
+    `state` (by its first name, as named_parameters() gives it) holds `state`'s replacement instead; leaving puts each
+    slot's own tensor back. What torch.func.functional_call(..., tie_weights=True) does, except that a submodule
+    reachable by two paths is swapped and restored once (torch 2.13's swaps it once per path and restores the second
+    path's swap last, leaving the replacement, a traced FunctionalTensor, in the user's model)."""
+    named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    new_of = {id(named[k]): v for k, v in state.items() if k in named}
+    slots = []
+    seen: set[int] = set()
+    for module in model.modules():  # each module object once, however many paths reach it
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for table in (module._parameters, module._buffers):
+            for key, tensor in table.items():
+                if tensor is not None and id(tensor) in new_of:
+                    slots.append((table, key, tensor))
+    try:
+        for table, key, tensor in slots:
+            table[key] = new_of[id(tensor)]
+        yield
+    finally:
+        for table, key, tensor in slots:
+            table[key] = tensor

@@ -47,7 +47,7 @@ from capture.global_reads import GlobalReads
 from capture.guards import Guard, record_reads_and_guard
 from capture.measure_memory import storage_bytes
 from capture.random_draws import node_draws_random
-from capture.state import drawn_host_generators, host_rng_state, restored_rng
+from capture.state import drawn_host_generators, host_rng_state, restored_rng, swapped_state
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
 from graphs.ir import Graph, Node
 
@@ -439,7 +439,8 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
     def flat_fn(*args):
         state = dict(zip(names, args[:n_state]))
         call_args, call_kwargs = call.split(args[n_state:])
-        out = torch.func.functional_call(model, state, call_args, call_kwargs, tie_weights=True, strict=False)
+        with swapped_state(model, state):
+            out = model(*call_args, **call_kwargs)
         leaves, spec = flatten_output(out)
         holder["spec"] = spec
         loss_at = own_loss_leaf(out, leaves)

@@ -2,6 +2,7 @@
 outputs; plus the errors for what cannot be traced and the three cost models."""
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import pytest
@@ -221,3 +222,33 @@ def test_model_state_is_left_untouched():
     for k, v in bn.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+class SharedSubmodule(nn.Module):
+    """One Linear reachable by two paths (`a.0` and `b.0`), called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(8, 8))
+        self.b = nn.Sequential(self.a[0])
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))).sum()
+
+
+def test_a_submodule_reached_by_two_paths_keeps_its_parameters_and_plans_as_eager():
+    # torch.func.functional_call(tie_weights=True) swapped such a module's tensors once per path and left a traced
+    # FunctionalTensor in the user's model
+    from harness.eager_compare import step_state
+    from planner import plan
+    from tests.planner.helpers import assert_same_state
+
+    torch.manual_seed(0)
+    model, x = SharedSubmodule(), torch.randn(4, 8)
+    weight = model.a[0].weight
+    trace(model, x)
+    assert model.a[0].weight is weight and model.b[0].weight is weight
+    p = plan(model, x, 1.0, cost_model="flops", time_limit_s=5)
+    assert type(model.a[0].weight) is nn.Parameter and model.b[0].weight is weight
+    want = step_state(copy.deepcopy(model), x, seed=1)
+    assert_same_state(step_state(p.apply(model), x, seed=1), want)
