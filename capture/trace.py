@@ -482,6 +482,39 @@ def _capture_joint(model, params, buffers, inputs, call: CallSpec, real_values: 
     return holder["gm"], holder["num_fwd_outputs"], holder["spec"], holder["own_loss_leaf"]
 
 
+def _grads_in_parameter_layout(gm: torch.fx.GraphModule, kinds: list, params: list[torch.Tensor]) -> None:
+    """Give each parameter's gradient the parameter's (contiguous) layout in the graph, where the graph makes it in
+    another (a convolution fed a channels-last-strided input computes its weight gradient channels-last): autograd
+    would copy it into the parameter's layout when it accumulates it, a gradient-sized allocation outside the graph
+    that the memory model would not see. The copy made in the graph instead is counted, and autograd copies
+    nothing (the values are the same)."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    changed = False
+    for k, (kind, i) in enumerate(kinds):
+        g = outs[k] if k < len(outs) else None
+        if kind != "grad" or i >= len(params) or not isinstance(g, torch.fx.Node):
+            continue
+        val, param = g.meta.get("val"), params[i]
+        if not isinstance(val, torch.Tensor) or not param.is_contiguous() or val.is_contiguous() or \
+                val.shape != param.shape:
+            continue
+        at = g
+        if g.target is operator.getitem and isinstance(g.args[0], torch.fx.Node):  # after every output of its op
+            order = {n: j for j, n in enumerate(gm.graph.nodes)}
+            at = max(g.args[0].users, key=order.__getitem__)
+        with gm.graph.inserting_after(at):  # where it is made, so the graph's own layout dies at once
+            copy = gm.graph.call_function(torch.ops.aten.clone.default, (g,),
+                                          {"memory_format": torch.contiguous_format})
+        copy.meta = {**{m: v for m, v in g.meta.items() if m != "val"},
+                     "val": val.clone(memory_format=torch.contiguous_format)}
+        outs[k] = copy
+        changed = True
+    if changed:
+        out_node.args = (type(out_node.args[0])(outs), *out_node.args[1:])
+        gm.recompile()
+
+
 def _describe_outputs(gm, n_params, n_buffers, buffer_names, num_leaves):
     """output_kinds and tangent_outputs from AOTAutograd's descriptors; refuse what cannot run."""
     from torch._functorch._aot_autograd import descriptors as D
@@ -763,6 +796,7 @@ def trace(
         read_sites=read_sites,
     )
     kinds, tangent_outputs = _describe_outputs(gm, len(params), len(buffers), list(buffers), out_spec.num_leaves)
+    _grads_in_parameter_layout(gm, kinds, list(params.values()))
 
     primals = [*params.values(), *buffers.values(), *inputs]
     tangents = [_ones_like_meta(ph.meta["val"]) for ph in _placeholders(gm)[len(primals):]]

@@ -55,3 +55,30 @@ def test_the_trace_runs_the_kernel_eager_runs_on_the_real_layout():
     p = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
     assert "aten.addmm" in p.traced.joint_module.code
     assert_same_state(eager_state(p.apply(model), x), eager_state(model, x))
+
+
+class ConvOverAGrid(nn.Module):
+    """Tokens (B, T, D) laid out as a (B, D, 2, T/2) image: a channels-last-strided view, so the convolutions compute
+    their weight gradients channels-last, which autograd would copy into the parameters' layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(8, 32, 3, padding=1), nn.Conv2d(32, 24, 3, padding=1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = torch.relu(self.c1(x.transpose(1, 2).reshape(b, d, 2, t // 2)))
+        return self.c2(h).flatten(2).transpose(1, 2)
+
+
+def test_a_gradient_in_another_layout_than_its_parameter_is_counted():
+    torch.manual_seed(0)
+    model, x = ConvOverAGrid().train(), torch.randn(2, 8, 8)
+    want = eager_state(model, x)
+    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
+    smallest = smallest_budget(full, TIME_LIMIT_S).budget_bytes
+    for budget in (smallest, full.predicted_peak_bytes):
+        p = plan(model, x, budget / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S,
+                 loss_fn=default_loss)
+        assert_same_state(eager_state(p.apply(model), x), want)
+        assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= p.predicted_peak_bytes <= budget
