@@ -4,10 +4,11 @@
   transformers' default experts code calls) insists on bfloat16 inputs, as the CUDA kernel does; the CPU kernel
   multiplies float32 too, so an eager float32 step runs and its capture on fake tensors fails. The override applies
   the same shape rule without the dtype check on CPU tensors (the real kernel still checks what it accepts).
-- Batch norm's meta kernels (torch's decompositions) give the output the input's strides; the CPU kernel returns it
-  in the input's suggested memory format, contiguous for an input of 3 or fewer dimensions. A BatchNorm1d over a
-  transposed (B, T, C) activation is then contiguous in the trace and not in the step, and a `view` the trace chose
-  (a Linear's flattening) fails on the real tensor. The override makes such outputs contiguous, as the kernel does.
+- Batch norm's meta kernels (torch's decompositions) give the output the input's strides, and the backward's input
+  gradient the incoming gradient's; the CPU kernels return both in the input's suggested memory format (contiguous
+  unless the input is a channels-last 4-d or 5-d tensor). A BatchNorm1d over a transposed (B, T, C) activation is
+  then strided in the trace and contiguous in the step, and a `view` the trace chose (a Linear's flattening) fails
+  on the real tensor, or a kernel differs from eager's (mm + add for addmm). The override gives the kernel's layout.
 
 While the capture runs, `overrides()` puts these in place of torch's Python meta kernels (under the Python dispatcher,
 AOTAutograd's capture) and of the dispatcher's Meta kernels (a plain fake-tensor run); leaving restores torch's.
@@ -18,6 +19,7 @@ import contextlib
 import warnings
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 
 def _device(t: torch.Tensor) -> torch.device:
@@ -35,19 +37,25 @@ def _grouped_mm_meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
 
 
-def _batch_norm_meta(torch_meta):
-    """torch's batch norm meta kernel, its output made contiguous where the CPU kernel's is (3 or fewer dims)."""
-    def meta(x, *args, **kwargs):
-        out = torch_meta(x, *args, **kwargs)
-        if _device(x).type == "cpu" and x.dim() <= 3 and not out[0].is_contiguous():
-            out = (out[0].contiguous(), *out[1:])
+def _batch_norm_meta(torch_meta, input_at: int = 0):
+    """torch's batch norm meta kernel (or its backward's, whose input is argument `input_at`), its first output in the
+    layout the CPU kernel gives it: the input's suggested memory format (channels-last for a channels-last 4-d or 5-d
+    input, else contiguous), where torch's follows the strides of the input or of the incoming gradient."""
+    def meta(*args, **kwargs):
+        out = torch_meta(*args, **kwargs)
+        x = args[input_at]
+        if _device(x).type == "cpu" and isinstance(out[0], torch.Tensor):
+            fmt = suggest_memory_format(x)
+            if not out[0].is_contiguous(memory_format=fmt):
+                out = (out[0].contiguous(memory_format=fmt), *out[1:])
         return out
     return meta
 
 
-_BATCH_NORMS = (("native_batch_norm", "default"), ("_native_batch_norm_legit_functional", "default"),
-                ("_native_batch_norm_legit", "default"), ("_native_batch_norm_legit", "no_stats"),
-                ("_native_batch_norm_legit_no_training", "default"))
+# (op, overload, the position of its input): the forwards, and the backward (whose first argument is the gradient)
+_BATCH_NORMS = (("native_batch_norm", "default", 0), ("_native_batch_norm_legit_functional", "default", 0),
+                ("_native_batch_norm_legit", "default", 0), ("_native_batch_norm_legit", "no_stats", 0),
+                ("_native_batch_norm_legit_no_training", "default", 0), ("native_batch_norm_backward", "default", 1))
 
 
 def _replacements() -> list[tuple]:
@@ -59,11 +67,12 @@ def _replacements() -> list[tuple]:
     if hasattr(aten, "_grouped_mm"):
         found.append((aten._grouped_mm.default, "_grouped_mm", _grouped_mm_meta))
     key = torch._C.DispatchKey.Meta
-    for name, overload in _BATCH_NORMS:
+    for name, overload, input_at in _BATCH_NORMS:
         op = getattr(getattr(aten, name, None), overload, None)
         torch_meta = None if op is None else (decomposition_table.get(op) or op.py_kernels.get(key))
         if torch_meta is not None:
-            found.append((op, name if overload == "default" else f"{name}.{overload}", _batch_norm_meta(torch_meta)))
+            found.append((op, name if overload == "default" else f"{name}.{overload}",
+                          _batch_norm_meta(torch_meta, input_at)))
     return found
 
 

@@ -82,3 +82,4 @@ def test_a_gradient_in_another_layout_than_its_parameter_is_counted():
                  loss_fn=default_loss)
         assert_same_state(eager_state(p.apply(model), x), want)
         assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= p.predicted_peak_bytes <= budget
+
