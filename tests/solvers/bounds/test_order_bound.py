@@ -129,7 +129,7 @@ def test_every_solver_returns_program_order_schedules(seed):
         ref = reference_peak_bytes(g)
         for frac, name in ((f, s) for f in (0.8, 0.6, 0.45) for s in solver_names()):
             try:
-                r = solve(g, int(frac * ref), name, time_limit_s=2)
+                r = solve(g, int(frac * ref), name, time_limit_s=0.5)  # as many return one as at 2 s
             except (InfeasibleBudgetError, NoSolutionInTimeError, GraphError):
                 continue  # GraphError: chain_dp takes training chains only
             assert in_program_order(r.schedule), name
