@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import operator
 
-from capture.fx_nodes import free_view_root, strided_bytes
+from capture.fx_nodes import strided_bytes
 from graphs.ir import Graph
+from planner.execution.step_builder import fixed_view_roots
 
 # A scalar loss and the gradient autograd seeds it with: two 512-byte blocks of CUDA's caching allocator.
 LOSS_RESERVE_BYTES = 1024
@@ -63,11 +64,12 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
     tangents = phs[traced.num_primals:]
     readers: dict[int, list[int]] = {j: [] for j in range(len(tangents))}
     by_name = traced.fx_nodes
+    fixed = frozenset(traced.fixed_views)
     for gid, names in traced.node_map.items():
         mine = {by_name[nm] for nm in names}
         read = {a for m in mine for a in m.all_input_nodes if a not in mine}
-        # a free view of a tangent grouped elsewhere is made where it is read (see the executor)
-        read |= {free_view_root(a) for a in read if a.op == "call_function"}
+        # a view of a tangent grouped elsewhere is made where it is read (see the executor's fixed_view_roots)
+        read |= {r for a in read for r in (fixed_view_roots(a, fixed) or ())}
         for j, t in enumerate(tangents):
             if t in read:
                 readers[j].append(gid)

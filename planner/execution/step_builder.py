@@ -112,6 +112,7 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
     n_primals = traced.num_primals
     primal_phs, tangent_phs = phs[:n_primals], phs[n_primals:]
     fx_index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    fixed = frozenset(traced.fixed_views)
     dep = tangent_dependent(gm, n_primals)
     members = {gid: [by_name[name] for name in names] for gid, names in traced.node_map.items()}
     seq = [int(v) for v in sequence]
@@ -142,10 +143,10 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
         """Copy group v into `graph`, each random fx node as a draw (first time) or a redraw (random_ops)."""
         for m in members[v]:
             if not node_draws_random(m):
-                env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph))
+                env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph, fixed))
                 continue
             key, tensor_args = random_ops.register(m)
-            tensors = [_lookup(env, a, m, graph) for a in tensor_args]
+            tensors = [_lookup(env, a, m, graph, fixed) for a in tensor_args]
             n_out = random_ops.num_outputs(key)
             if v not in done:
                 r = graph.call_function(torch.ops.remat.draw.default, (tensors, list(last_draw[-1:]), key))
@@ -175,7 +176,7 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
             current = graph.call_function(get_rng_state, (device,))
             graph.call_function(set_rng_state, (device, _lookup(env, _rng_key(v), None)))
         for m in members[v]:
-            env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph))
+            env[m] = graph.node_copy(m, lambda a: _lookup(env, a, m, graph, fixed))
             if device == "cpu" and _fast_dropout_backward_applies(m):
                 env[m].target = dropout_backward_cpu
         if replay:
@@ -206,10 +207,12 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
             for a in m.all_input_nodes:
                 if a in seen_b or a in tangent_phs:
                     continue
-                root = free_view_root(a) if a.op == "call_function" else None
-                if root is not None and (root in tangent_phs or a not in env_f):
-                    if root not in tangent_phs:
-                        external.setdefault(root, None)
+                roots = fixed_view_roots(a, fixed)
+                if roots is not None and (any(r in tangent_phs for r in roots) or a not in env_f):
+                    # a view of fixed memory: made where it is read, from its placeholders
+                    for r in roots:
+                        if r not in tangent_phs:
+                            external.setdefault(r, None)
                     continue
                 external.setdefault(a, None)
             seen_b.add(m)
@@ -233,7 +236,7 @@ def build_step(traced, sequence: Sequence[int], split: int | None = None, *,
         elif a in rng_devices:
             env_b[a].meta["rng_state_device"] = rng_devices[a]
     read_b = {a for v in seq[split:] for m in members[v] for a in m.all_input_nodes}
-    read_b |= {free_view_root(a) for a in list(read_b) if a.op == "call_function"}
+    read_b |= {r for a in list(read_b) for r in (fixed_view_roots(a, fixed) or ())}
     used_tangents = [j for j, t in enumerate(tangent_phs) if t in read_b or any(o is t for _, o in grad_nodes)]
     for j in used_tangents:
         t = tangent_phs[j]
@@ -316,7 +319,43 @@ def _group_device(ms: list[torch.fx.Node]) -> str:
     return "cpu"
 
 
-def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: torch.fx.Graph | None = None):
+def fixed_view_roots(node: torch.fx.Node, fixed_views: frozenset[str] | set[str]) -> frozenset[torch.fx.Node] | None:
+    """The placeholders from which `node`, a view of fixed memory, is made again wherever it is read; None if it
+    is not one.
+
+    A view of fixed memory is a node of `TraceResult.fixed_views` (the trace's storage analysis: it allocates
+    nothing and aliases only parameters, buffers, inputs or tangents) or a chain of view ops down to a placeholder
+    (`capture.fx_nodes.free_view_root`). The trace lists no inputs for such a node, so the contraction may put it
+    in a group after a group that reads it, or fold it into its reader apart from the view it is made of (a view
+    of `getitem(split(input))` where the getitem sits in a later group): the executor makes it, and every fixed
+    view it is made of, where it is needed. The whole chain down to the placeholders (and the joint module's
+    constants) must be such views, none of them mutating."""
+    if node.op != "call_function":
+        return None
+    roots: set[torch.fx.Node] = set()
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            roots.add(n)
+            continue
+        if n.op == "get_attr":
+            continue
+        if n.op != "call_function" or (n.name not in fixed_views and free_view_root(n) is None):
+            return None
+        schema = getattr(n.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return None
+        stack.extend(n.all_input_nodes)
+    return frozenset(roots)
+
+
+def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: torch.fx.Graph | None = None,
+            fixed: frozenset[str] = frozenset()):
     try:
         return env[a]
     except KeyError:
@@ -326,9 +365,10 @@ def _lookup(env: dict, a: torch.fx.Node, reader: torch.fx.Node | None, graph: to
         # share the joint module's attributes, so it is read where it is needed
         env[a] = graph.node_copy(a)
         return env[a]
-    if graph is not None and a.op == "call_function" and free_view_root(a) is not None:
-        # a free view of an input that the trace grouped with a later node: make it here (a view costs nothing)
-        env[a] = graph.node_copy(a, lambda b: _lookup(env, b, a, graph))
+    if graph is not None and fixed_view_roots(a, fixed) is not None:
+        # a view of fixed memory that the trace grouped with a later node (or whose own view is there): make it
+        # here, with what it is a view of (a view costs nothing)
+        env[a] = graph.node_copy(a, lambda b: _lookup(env, b, a, graph, fixed))
         return env[a]
     who = f"'{reader.name}'" if reader is not None else "an output"
     raise ExecutorError(f"{who} reads fx value '{a.name}' before the schedule computes it")
