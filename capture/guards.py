@@ -27,6 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from capture.random_draws import draws_random
 from capture.state import restored
+from graphs.errors import TraceError
 
 SCALAR_TYPES = (bool, int, float, complex)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -64,6 +65,7 @@ class _OpLogger(TorchDispatchMode):
         self.ops: list[_Op] = []
         self.reads: list[tuple[int, str, Any]] = []  # (op index, op name, value)
         self.sites: list[str] = []  # where in the model's code each read happened
+        self.mutated: set[str] = set()  # names of the parameters and buffers the forward writes in place
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -83,6 +85,11 @@ class _OpLogger(TorchDispatchMode):
                 logged.append(x)
         schema = getattr(func, "_schema", None)
         unsafe = bool(schema is not None and schema.is_mutable) or draws_random(func, args, kwargs)
+        if schema is not None and schema.is_mutable:  # the model's state this op writes in place
+            for arg, value in zip(schema.arguments, args):
+                ref = self.where.get(value) if isinstance(value, torch.Tensor) else None
+                if ref is not None and ref.kind == "state" and arg.alias_info is not None and arg.alias_info.is_write:
+                    self.mutated.add(ref.key)
         k = len(self.ops)
         self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe))
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -144,12 +151,13 @@ class Guard:
                 results.append(op.func(*args, **kwargs))
         return tuple(results[k] for k in self.read_ops)
 
-def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
+def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None, *, refuse_self_updating: bool = False
                            ) -> tuple[tuple[tuple[str, Any], ...], Guard | None, tuple[str, ...]]:
     """Run the forward once (no grad; buffers and RNG restored), returning its scalar reads as (op, value),
     a Guard that recomputes them (None when a read's slice cannot be replayed safely) and where in the model's code
     each read happened (`file:line (source)`). `inputs` are the user input tensors; `call` (a capture.call.CallSpec)
-    says how they are passed (None: positionally)."""
+    says how they are passed (None: positionally). With `refuse_self_updating`, a read computed from a parameter or
+    buffer the forward writes in place raises TraceError (its value changes from step to step)."""
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     devices = {t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None}
     log = _OpLogger(inputs, state)
@@ -159,7 +167,30 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None
         else:
             call.call(model, inputs)
     reads = tuple((name, value) for _, name, value in log.reads)
+    if refuse_self_updating:
+        for (k, name, value), site in zip(log.reads, log.sites):
+            updated = sorted(_state_read(log, k) & log.mutated)
+            if updated:
+                raise TraceError(
+                    f"the forward reads a value ({name} = {value!r} at {site}) from {', '.join(updated)}, which the "
+                    "forward itself updates: a traced step would keep the value of the step it was traced on, and "
+                    "the next step reads another (BatchNorm with momentum=None reads its step counter so); plan in "
+                    "place with planner.enable(model, budget_gb), which runs the model's code as written, or give "
+                    "the layer a fixed momentum")
     return reads, _slice(log), tuple(log.sites)
+
+
+def _state_read(log: _OpLogger, k: int) -> set[str]:
+    """Names of the parameters and buffers the ops up to and including op k's value are computed from."""
+    seen, stack, names = set(), [k], set()
+    while stack:
+        j = stack.pop()
+        if j in seen:
+            continue
+        seen.add(j)
+        names.update(x.key for x in log.ops[j].leaves if isinstance(x, _Ref) and x.kind == "state")
+        stack.extend(log.ops[j].deps)
+    return names
 
 def _slice(log: _OpLogger) -> Guard | None:
     if not log.reads:

@@ -782,7 +782,7 @@ def trace(
         with restored_rng(devices), _refusing_host_draws():
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
     except _NeedsValues:
-        scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call)
+        scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call, refuse_self_updating=True)
         phases["scalar_reads"] = time.perf_counter() - t0
         with restored_rng(devices), _refusing_host_draws():
             gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)

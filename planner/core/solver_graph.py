@@ -46,7 +46,8 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
       model's outputs and is read by the tangents: the loss function's temporaries at the forward/backward boundary.
       With `loss_held_bytes` (part of `loss_bytes`), a node `loss held` of that size, retained to the end, before it:
       what the loss tensor keeps alive through the backward (`LossMemory.held_bytes`).
-    - Fixed memory gains LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
+    - Fixed memory gains the bytes of the buffers the forward updates (`updated_buffer_bytes`: the executor may stash
+      their old values), and LOSS_RESERVE_BYTES for the scalar loss and its seed gradient, which live
       outside the model during the step, unless the model computes its loss itself (every tangent is a
       scalar: the loss is then an output node and its seed the tangent).
     Labels: a traced node keeps its traced id as its label, so `graph.labels` maps back to `node_map`.
@@ -119,8 +120,20 @@ def solver_graph(traced, loss_bytes: int = 0, *, pin_secondaries: bool = False,
     # the model's own loss is an output node and its seed gradient the tangent: nothing lives outside the graph
     own_loss = bool(read_tangents) and all(tangents[j].meta["val"].numel() == 1 for j in read_tangents)
     reserve = 0 if own_loss and not loss_bytes else LOSS_RESERVE_BYTES
-    return Graph.from_unordered(recs, fixed_bytes=g.fixed_bytes - tangent_bytes + reserve,
-                                name=g.name, order=order)
+    fixed = g.fixed_bytes - tangent_bytes + reserve + updated_buffer_bytes(traced)
+    return Graph.from_unordered(recs, fixed_bytes=fixed, name=g.name, order=order)
+
+
+def updated_buffer_bytes(traced) -> int:
+    """Bytes of the buffers the forward updates (BatchNorm's running statistics, a step counter). Where a
+    recomputation or the backward reads such a buffer, the executor stashes a copy of its value before the update
+    (planner.execution.step_builder), alive from the forward into the backward: counted as fixed memory, whether or
+    not the schedule needs it (a few hundred bytes on the models seen; the schedule is not known here)."""
+    updated = {what for kind, what in traced.output_kinds if kind == "buffer_update"}
+    phs = [n for n in traced.joint_module.graph.nodes if n.op == "placeholder"]
+    first = len(traced.param_names)
+    return sum(strided_bytes(phs[first + j].meta["val"]) for j, name in enumerate(traced.buffer_names)
+               if name in updated)
 
 
 def secondary_outputs(traced) -> dict[int, list[int]]:

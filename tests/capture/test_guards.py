@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from capture.trace import SpecialisationError, trace
+from capture.trace import SpecialisationError, TraceError, trace
 from tests.capture.test_trace_hazards import ItemModel, MaskModel
 
 
@@ -57,8 +57,24 @@ class RandomRead(nn.Module):
         return h
 
 
+class InPlaceRead(nn.Module):
+    """Reads a value its forward computed in place: the slice holds a mutating op, which a guard does not replay."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        score = h.detach().clone()
+        score.add_(1.0)
+        if bool((score > -1e6).all()):
+            return h.tanh()
+        return h
+
+
 class BufferRead(nn.Module):
-    """Reads a buffer it updates in place: replaying the slice would mutate the model."""
+    """Reads a buffer it updates in place: the value read changes from step to step."""
 
     def __init__(self):
         super().__init__()
@@ -72,7 +88,15 @@ class BufferRead(nn.Module):
         return self.lin(x)
 
 
-@pytest.mark.parametrize("cls", [RandomRead, BufferRead])
+def test_a_read_of_a_buffer_the_forward_updates_is_refused_and_the_model_left_as_it_was():
+    torch.manual_seed(0)
+    model = BufferRead().train()
+    with pytest.raises(TraceError, match=r"from steps, which the forward itself updates"):
+        trace(model, (torch.randn(4, 8),))
+    assert int(model.steps) == 0
+
+
+@pytest.mark.parametrize("cls", [RandomRead, InPlaceRead])
 def test_no_guard_where_the_slice_is_unsafe_and_the_forward_still_checks(cls):
     torch.manual_seed(0)
     model = cls().train()
