@@ -38,3 +38,22 @@ def loss_memory(model: torch.nn.Module, inputs: tuple, loss_fn, call=None) -> Lo
                 if isinstance(t, torch.Tensor) and t.grad is not None)
     workspace = max(0, int(tracker.peak_bytes) - grads)
     return LossMemory(workspace, min(held, workspace))
+
+
+def default_loss(out) -> torch.Tensor:
+    """The model's own loss where it computed one (a scalar output, or an output with a `loss`, as transformers
+    models given labels return); else the sum of every floating-point tensor in the output (any nesting)."""
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return out
+    own = getattr(out, "loss", None)
+    if isinstance(own, torch.Tensor) and own.numel() == 1:
+        return own
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if hasattr(out, "values") and not leaves:  # dict-like objects pytree does not know
+        leaves = [t for t in out.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the output has no floating-point tensor to sum into a loss")
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total

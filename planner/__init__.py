@@ -24,6 +24,7 @@ _NAMES = {
     "max_batch": "planner.tools.fit", "overhead_curve": "planner.tools.curve",
     "enable": "planner.inplace.controller", "disable": "planner.inplace.controller",
     "inplace_plan": "planner.inplace.controller", "InPlaceController": "planner.inplace.controller",
+    "compile": "planner.compiled.api",
 }
 __all__ = list(_NAMES)
 

@@ -27,7 +27,8 @@ PLANNER_LAYERS = {
     "planner.core": {"planner.execution"},
     "planner.whole": {"planner.core", "planner.execution"},
     "planner.inplace": {"planner.core", "planner.execution"},
-    "planner.tools": {"planner.whole", "planner.inplace", "planner.core", "planner.execution"},
+    "planner.compiled": {"planner.core", "planner.execution"},
+    "planner.tools": {"planner.whole", "planner.inplace", "planner.compiled", "planner.core", "planner.execution"},
 }
 # (module, function, imported module) -> why the import is inside the function
 FUNCTION_LEVEL_IMPORTS = {

@@ -7,6 +7,7 @@ from typing import Iterable
 
 import torch
 
+from capture.module_tags import repeated_blocks
 from graphs.errors import ArgumentError
 
 
@@ -54,3 +55,34 @@ def submodule_name_arg(model: torch.nn.Module, name: str, arg: str = "blocks") -
     close = same_end[:3] or difflib.get_close_matches(name, names, n=3, cutoff=0.4) or names[:3]
     raise ArgumentError(f"{arg}: {name!r} is not a submodule of {type(model).__name__}; submodules are named as "
                         f"model.named_modules() names them, e.g. {', '.join(repr(c) for c in close)}")
+
+
+def resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
+    """The names of the blocks `blocks` names (module names or classes; None: the model's repeated blocks,
+    capture.module_tags.repeated_blocks), outermost only, in the model's order; ArgumentError for what names none."""
+    if blocks is None:
+        names = repeated_blocks(model)
+        if not names:
+            raise ArgumentError(f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of two or "
+                                "more modules of one class): name them with blocks= (module names or classes)")
+        return names
+    if isinstance(blocks, (type, str)):
+        blocks = [blocks]
+    if not isinstance(blocks, (list, tuple, set, frozenset)) or \
+            not all(isinstance(b, str) or (isinstance(b, type) and issubclass(b, torch.nn.Module)) for b in blocks):
+        raise ArgumentError(f"blocks must be a module name, a Module class, or a list of those (names as "
+                            f"model.named_modules() gives them, e.g. 'layers.0'), got {blocks!r}")
+    classes = tuple(b for b in blocks if isinstance(b, type))
+    names = [submodule_name_arg(model, b) for b in blocks if isinstance(b, str)]
+    if classes:
+        found = [n for n, m in model.named_modules() if isinstance(m, classes) and n]
+        # the outermost only: a block inside another is planned with it
+        names += [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]
+    if not names:
+        raise ArgumentError(f"no module of {model.__class__.__name__} matches blocks={blocks!r}")
+    nested = next(((o, n) for o in names for n in names if n.startswith(o + ".")), None)
+    if nested is not None:
+        raise ArgumentError(f"blocks {nested[0]!r} and {nested[1]!r} are nested: a block is planned whole, with "
+                            "whatever it contains; name the outer one or the inner ones, not both")
+    order = {n: k for k, (n, _) in enumerate(model.named_modules())}
+    return sorted(set(names), key=order.__getitem__)

@@ -56,3 +56,9 @@ def seconds_value(seconds: float, name: str = "time_limit_s") -> float:
     if value <= 0:
         raise ArgumentError(f"{name} must be a number of seconds > 0, got {seconds}")
     return float(value)
+
+
+# Recomputation is ranked by what it computes again: its FLOPs plus its bytes written, at this many FLOPs a byte (a
+# balance between arithmetic and memory traffic; CPUs run near 10, GPUs far above), so that recomputing only
+# elementwise ops, which FLOPs count as free, is never ranked as free as keeping everything.
+FLOPS_PER_BYTE = 8.0

@@ -50,6 +50,7 @@ from planner.core.candidates import checkpoint_candidates
 from planner.core.plan_type import Plan, fingerprint
 from planner.core.problem import PlanningProblem
 from planner.core.solve import solve_problem
+from planner.core.units import FLOPS_PER_BYTE
 from planner.inplace.recompute import BufferUpdates, recomputable
 from solvers.exact.knapsack import knapsack
 from solvers.exact.option_chain import BlockOption
@@ -263,11 +264,6 @@ def _planned_runner(p, region: _Region, compile: bool):
         return module(*tensors)
     return run
 
-
-# Options are ranked by what they compute again: its FLOPs plus its bytes written, at this many FLOPs a byte (a
-# balance between arithmetic and memory traffic; CPUs run near 10, GPUs far above), so that recomputing only
-# elementwise ops, which FLOPs count as free, is never ranked as free as keeping everything.
-FLOPS_PER_BYTE = 8.0
 
 
 def _recompute_cost(graph, nodes, cost_model: str) -> float:

@@ -48,10 +48,9 @@ from torch.utils._pytree import tree_leaves
 from capture.call import FlatCall
 from capture.kv_cache import cache_tensors, is_cache
 from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
-from capture.module_tags import repeated_blocks
 from capture.state import autocast_as, autocast_state, cuda_devices_in_use
 from graphs.errors import ArgumentError, InfeasibleBudgetError
-from planner.core.arguments import choice_arg, flag_arg, module_arg, progress_arg, submodule_name_arg
+from planner.core.arguments import choice_arg, flag_arg, module_arg, progress_arg, resolve_blocks
 from planner.core.progress import Reporter
 from planner.core.units import GB, budget_bytes_from_gb, seconds_value
 from planner.inplace.block_region import (
@@ -937,35 +936,6 @@ class _BlockForward:
 # ---------------------------------------------------------------------------------------------
 # the public functions
 # ---------------------------------------------------------------------------------------------
-def _resolve_blocks(model: torch.nn.Module, blocks) -> list[str]:
-    if blocks is None:
-        names = repeated_blocks(model)
-        if not names:
-            raise ArgumentError(f"{type(model).__name__} has no repeated blocks (a ModuleList or Sequential of two or "
-                                "more modules of one class): name them with blocks= (module names or classes)")
-        return names
-    if isinstance(blocks, (type, str)):
-        blocks = [blocks]
-    if not isinstance(blocks, (list, tuple, set, frozenset)) or \
-            not all(isinstance(b, str) or (isinstance(b, type) and issubclass(b, torch.nn.Module)) for b in blocks):
-        raise ArgumentError(f"blocks must be a module name, a Module class, or a list of those (names as "
-                            f"model.named_modules() gives them, e.g. 'layers.0'), got {blocks!r}")
-    classes = tuple(b for b in blocks if isinstance(b, type))
-    names = [submodule_name_arg(model, b) for b in blocks if isinstance(b, str)]
-    if classes:
-        found = [n for n, m in model.named_modules() if isinstance(m, classes) and n]
-        # the outermost only: a block inside another is planned with it
-        names += [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]
-    if not names:
-        raise ArgumentError(f"no module of {model.__class__.__name__} matches blocks={blocks!r}")
-    nested = next(((o, n) for o in names for n in names if n.startswith(o + ".")), None)
-    if nested is not None:
-        raise ArgumentError(f"blocks {nested[0]!r} and {nested[1]!r} are nested: a block is planned whole, with "
-                            "whatever it contains; name the outer one or the inner ones, not both")
-    order = {n: k for k, (n, _) in enumerate(model.named_modules())}
-    return sorted(set(names), key=order.__getitem__)
-
-
 def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 5.0,
            compile: bool = False, progress: bool | Callable[[str], None] = False,
            cost_model: str = "flops", planned: bool = False) -> InPlaceController:
@@ -988,7 +958,7 @@ def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_
     flag_arg(compile, "compile")
     flag_arg(planned, "planned")
     progress_arg(progress)
-    state = InPlaceController(model, budget_bytes, _resolve_blocks(model, blocks), time_limit_s=time_limit_s,
+    state = InPlaceController(model, budget_bytes, resolve_blocks(model, blocks), time_limit_s=time_limit_s,
                               compile=compile, cost_model=cost_model, progress=progress, planned=planned)
     state._install()
     model.__dict__[_ATTR] = state

@@ -1,0 +1,162 @@
+"""How the step's budget is shared among the compiled regions: one eager step, measured, tells what lies outside them.
+
+`measure_outside(model, args, kwargs, blocks)` runs one eager training step (`planner.tools.measure.run_step`: the
+model's own loss where it returns one, else the sum of its floating-point outputs; compiled code forced eager) under
+a dispatch mode that sees every storage an operator creates (`capture.measure_memory`'s way) and tells apart those
+created inside a block (between its forward pre-hook and forward hook, and between its full backward pre-hook and
+backward hook) from the rest. It notes the peak of the live bytes created outside the blocks in each of four phases
+of the step:
+
+- forward: up to the end of a block's forward (the embeddings, and whatever runs between blocks);
+- loss: from the end of a block's forward to the first block's backward (the head, the loss, their gradients; the
+  moments between two blocks' forwards count here too);
+- backward: during a block's backward (what the head's backward left);
+- tail: from the end of a block's backward to the next one's start, and to the step's end (the embeddings'
+  backward).
+
+The step's RNG, buffers and gradients are left as they were.
+
+`step_room(budget, outside)` is then what the step leaves to the blocks in each phase: the budget less the resident
+bytes (parameters, buffers, inputs) less that phase's outside peak (`StepRoom`); the partitioner fits the block calls
+into it (`planner.compiled.partitioner`). Why this bounds the step: at any moment the step holds the resident bytes,
+what the code outside the blocks made and still holds (at most its peak in that phase: the same eager code whether the
+blocks are compiled or not) and what the blocks' regions made and still hold (what the partitioner bounds in that
+phase). The bound is loose where the outside's peak and the blocks' do not meet within a phase.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from capture.loss_workspace import default_loss
+from capture.measure_memory import storage_bytes
+from capture.state import restored
+from graphs.errors import InfeasibleBudgetError
+from planner.compiled.partitioner import PHASES, StepRoom
+
+
+@dataclass(frozen=True)
+class OutsideMemory:
+    """One eager step, split between the blocks and the rest (bytes).
+
+    resident_bytes: parameters, buffers and the inputs; outside_peaks: the peak of the live bytes created outside any
+    block in each phase ("forward", "loss", "backward", "tail"); eager_peak_bytes: the step's peak (resident included);
+    block_calls: how many block forwards it ran."""
+
+    resident_bytes: int
+    outside_peaks: dict[str, int]
+    eager_peak_bytes: int
+    block_calls: int
+
+    @property
+    def outside_peak_bytes(self) -> int:
+        return max(self.outside_peaks.values())
+
+
+class _BlockAttributingTracker(TorchDispatchMode):
+    """Live bytes of the storages created under it, inside blocks (`depth` > 0) and outside, and their peaks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0
+        self.phase = "forward"
+        self.live = [0, 0]  # outside, inside
+        self.outside_peaks = dict.fromkeys(PHASES, 0)
+        self.total_peak = 0
+        self._tracked: dict[StorageWeakRef, tuple[int, int]] = {}
+
+    def _release(self, key: StorageWeakRef, pool: int, nbytes: int) -> None:
+        self._tracked.pop(key, None)
+        self.live[pool] -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves((args, kwargs or {}))
+                if isinstance(t, torch.Tensor)}
+        pool = 1 if self.depth > 0 else 0
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            key = StorageWeakRef(st)
+            if key in seen or key in self._tracked:
+                continue
+            nbytes = int(st.nbytes())
+            self._tracked[key] = (pool, nbytes)
+            self.live[pool] += nbytes
+            weakref.finalize(st, self._release, key, pool, nbytes)
+        self.outside_peaks[self.phase] = max(self.outside_peaks[self.phase], self.live[0])
+        self.total_peak = max(self.total_peak, self.live[0] + self.live[1])
+        return out
+
+
+def measure_outside(model: torch.nn.Module, args: tuple, kwargs: dict, blocks: list[torch.nn.Module],
+                    loss_fn: Callable | None = None) -> OutsideMemory:
+    """One eager step of `model(*args, **kwargs)` split between `blocks` and the rest (see the module docstring)."""
+    tracker = _BlockAttributingTracker()
+    calls = [0]
+
+    def enter_forward(*_):
+        calls[0] += 1
+        tracker.depth += 1
+        if tracker.phase == "loss":
+            tracker.phase = "forward"
+
+    def leave_forward(*_):
+        tracker.depth -= 1
+        if tracker.phase == "forward":
+            tracker.phase = "loss"
+
+    def enter_backward(*_):
+        tracker.depth += 1
+        tracker.phase = "backward"
+
+    def leave_backward(*_):
+        tracker.depth -= 1
+        tracker.phase = "tail"
+
+    handles = []
+    for b in blocks:
+        handles += [b.register_forward_pre_hook(enter_forward), b.register_forward_hook(leave_forward),
+                    b.register_full_backward_pre_hook(enter_backward), b.register_full_backward_hook(leave_backward)]
+    grads = {p: p.grad for p in model.parameters()}
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    resident = storage_bytes([*model.parameters(), *model.buffers(), *tensors])
+    try:
+        for p in grads:
+            p.grad = None
+        with restored(model), torch.compiler.set_stance("force_eager"), tracker:
+            out = model(*args, **kwargs)
+            loss = (loss_fn or default_loss)(out)
+            loss.backward()
+            del out, loss
+    finally:
+        for h in handles:
+            h.remove()
+        for p, g in grads.items():
+            p.grad = g
+    return OutsideMemory(resident, dict(tracker.outside_peaks), resident + tracker.total_peak, calls[0])
+
+
+def step_room(budget_bytes: int, outside: OutsideMemory) -> StepRoom:
+    """What the step's budget leaves to the blocks in each phase (see the module docstring). InfeasibleBudgetError
+    where a phase leaves nothing, naming what lies outside the blocks then."""
+    if outside.block_calls == 0:
+        raise InfeasibleBudgetError(budget_bytes, None, "compile",
+                                    "the measured step called none of the blocks: there is nothing to plan")
+    left = {phase: budget_bytes - outside.resident_bytes - peak for phase, peak in outside.outside_peaks.items()}
+    for phase, room in left.items():
+        if room <= 0:
+            held = outside.resident_bytes + outside.outside_peaks[phase]
+            raise InfeasibleBudgetError(
+                budget_bytes, None, "compile",
+                f"in the step's {phase} phase the code outside the blocks holds {held} bytes "
+                f"({outside.resident_bytes} resident: parameters, buffers, inputs; {outside.outside_peaks[phase]} "
+                f"made outside the blocks at their peak), which leaves the blocks nothing")
+    return StepRoom(left["forward"], left["loss"], left["backward"], left["tail"], outside.block_calls)
