@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError
+from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, SolverError
 from graphs.ir import Graph
 from graphs.result import SolveResult
 from planner.core.problem import GraphKind, PlanningProblem
@@ -49,7 +49,8 @@ def solve_problem(problem: PlanningProblem, budget_bytes: int, *, solver: str = 
     """Solve `problem` within `budget_bytes` (see the module docstring). `candidates`: (label, block_checkpoint
     options) schedules for auto's portfolio; `say`: progress lines; `search_progress`: the solvers' own reports.
     Raises InfeasibleBudgetError (naming the smallest budget known to work, where one is found) and
-    NoSolutionInTimeError; ExecutorError where the executor cannot run the schedule."""
+    NoSolutionInTimeError; ExecutorError where the executor cannot run the schedule; SolverError where the schedule
+    found would hold more than the budget as the executor runs it (a plan never exceeds its own budget)."""
     t0 = time.perf_counter()
     result = problem.keep_all(budget_bytes) if solver == "auto" else None
     if result is not None:
@@ -71,6 +72,11 @@ def solve_problem(problem: PlanningProblem, budget_bytes: int, *, solver: str = 
                 kind, result = GraphKind.EXACT, fallback
     graph = problem.graph(kind)
     done = problem.finalise(graph, result)
+    if done.exact_peak_bytes > budget_bytes:  # what the executor holds: never a plan over its own budget
+        raise SolverError(
+            f"{result.solver}: the schedule found holds {done.exact_peak_bytes} bytes as the executor runs it, over "
+            f"the budget of {budget_bytes} bytes; plan again with more time or at a budget of "
+            f"{done.exact_peak_bytes} bytes")
     seq = done.executor_computes
     say("building the step")
     # the step's halves, built once: solving fails here if the executor cannot run the schedule

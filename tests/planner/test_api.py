@@ -263,3 +263,22 @@ def test_below_the_bound_with_no_budget_found_in_time_names_none(gpt, monkeypatc
         plan(model, x, (floor - 1) / GB, cost_model="flops", traced=first.traced, time_limit_s=TIME_LIMIT_S)
     assert ei.value.min_budget_bytes is None
     assert "single-operation bound" in str(ei.value) and "no budget known to work" in str(ei.value)
+
+
+def test_a_schedule_the_executor_would_run_over_the_budget_is_never_returned(gpt, monkeypatch):
+    # the exact view of a schedule (what the executor holds) above the budget: an error naming it, not a plan
+    from graphs.errors import SolverError
+    from planner.core.problem import PlanningProblem
+
+    model, x = gpt[:2]
+    first = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=lambda out: out.sum())
+    real = PlanningProblem.finalise
+
+    def holding_more(self, graph, result):
+        done = real(self, graph, result)
+        return type(done)(done.result, done.executor_computes, result.budget_bytes + 1)
+
+    monkeypatch.setattr(PlanningProblem, "finalise", holding_more)
+    with pytest.raises(SolverError, match=r"holds \d+ bytes as the executor runs it, over the budget"):
+        plan(model, x, first.predicted_peak_bytes / GB, cost_model="flops", traced=first.traced,
+             time_limit_s=TIME_LIMIT_S, loss_fn=lambda out: out.sum())
