@@ -79,13 +79,21 @@ class StorageTracker(TorchDispatchMode):
             key = StorageWeakRef(st)
             if key in seen_inputs or key in self._tracked:
                 continue
-            nbytes = int(st.nbytes())
-            self._tracked[key] = nbytes
-            self.live_bytes += nbytes
-            self.created_bytes += nbytes
-            weakref.finalize(st, self._release, key, nbytes)
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self._add(key, st)
+        self._after_op()
         return out
+
+    def _add(self, key: StorageWeakRef, st) -> None:
+        """Start watching a storage an operator created (`key` its weak reference)."""
+        nbytes = int(st.nbytes())
+        self._tracked[key] = nbytes
+        self.live_bytes += nbytes
+        self.created_bytes += nbytes
+        weakref.finalize(st, self._release, key, nbytes)
+
+    def _after_op(self) -> None:
+        """After an operator's outputs are watched: the peaks."""
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
 
 def peak_bytes_created_during(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:

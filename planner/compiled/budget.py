@@ -31,11 +31,10 @@ from typing import Callable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from capture.loss_workspace import default_loss
-from capture.measure_memory import storage_bytes
+from capture.measure_memory import StorageTracker, storage_bytes
 from capture.state import restored
 from graphs.errors import InfeasibleBudgetError
 from planner.compiled.partitioner import PHASES, StepRoom
@@ -59,8 +58,9 @@ class OutsideMemory:
         return max(self.outside_peaks.values())
 
 
-class _BlockAttributingTracker(TorchDispatchMode):
-    """Live bytes of the storages created under it, inside blocks (`depth` > 0) and outside, and their peaks."""
+class _BlockAttributingTracker(StorageTracker):
+    """Live bytes of the storages created under it, inside blocks (`depth` > 0) and outside, and their peaks (which
+    storages are new is StorageTracker's to say)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,31 +69,21 @@ class _BlockAttributingTracker(TorchDispatchMode):
         self.live = [0, 0]  # outside, inside
         self.outside_peaks = dict.fromkeys(PHASES, 0)
         self.total_peak = 0
-        self._tracked: dict[StorageWeakRef, tuple[int, int]] = {}
 
-    def _release(self, key: StorageWeakRef, pool: int, nbytes: int) -> None:
+    def _add(self, key: StorageWeakRef, st) -> None:
+        pool = 1 if self.depth > 0 else 0
+        nbytes = int(st.nbytes())
+        self._tracked[key] = nbytes
+        self.live[pool] += nbytes
+        weakref.finalize(st, self._release_from, key, pool, nbytes)
+
+    def _release_from(self, key: StorageWeakRef, pool: int, nbytes: int) -> None:
         self._tracked.pop(key, None)
         self.live[pool] -= nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        seen = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves((args, kwargs or {}))
-                if isinstance(t, torch.Tensor)}
-        pool = 1 if self.depth > 0 else 0
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key = StorageWeakRef(st)
-            if key in seen or key in self._tracked:
-                continue
-            nbytes = int(st.nbytes())
-            self._tracked[key] = (pool, nbytes)
-            self.live[pool] += nbytes
-            weakref.finalize(st, self._release, key, pool, nbytes)
+    def _after_op(self) -> None:
         self.outside_peaks[self.phase] = max(self.outside_peaks[self.phase], self.live[0])
         self.total_peak = max(self.total_peak, self.live[0] + self.live[1])
-        return out
 
 
 def measure_outside(model: torch.nn.Module, args: tuple, kwargs: dict, blocks: list[torch.nn.Module],
