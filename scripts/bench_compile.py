@@ -34,15 +34,11 @@ from examples import hf_zoo  # noqa: E402
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError  # noqa: E402
 from harness.eager_compare import relative_difference, step_state  # noqa: E402
 from planner import GB, plan  # noqa: E402
-from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, run_step  # noqa: E402
-
-
-def first_step_seconds(module, batch) -> float:
-    t0 = time.perf_counter()
-    run_step(module, batch)
-    for p in module.parameters():
-        p.grad = None
-    return time.perf_counter() - t0
+from planner.tools.measure import (  # noqa: E402
+    allocator_peak_bytes,
+    first_step_seconds,
+    interleaved_step_seconds,
+)
 
 
 def torch_compiled(model, batch, budget: float | None):

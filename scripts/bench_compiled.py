@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,7 +39,11 @@ from harness.eager_compare import relative_difference, step_state  # noqa: E402
 from planner.compiled.api import compile as planner_compile  # noqa: E402
 from planner.compiled.api import compiled_plan  # noqa: E402
 from planner.core.units import GB  # noqa: E402
-from planner.tools.measure import allocator_peak_bytes, interleaved_step_seconds, run_step  # noqa: E402
+from planner.tools.measure import (  # noqa: E402
+    allocator_peak_bytes,
+    first_step_seconds,
+    interleaved_step_seconds,
+)
 
 MODELS = ("qwen2", "llama")
 EQUAL_PEAK_TRIES = 4
@@ -62,14 +65,6 @@ def build(name: str, layers: int, width: int, seq: int, batch: int, vocab: int, 
     ids = torch.randint(1, vocab, (batch, seq), generator=gen)
     return model, {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids,
                    "use_cache": False}
-
-
-def first_step_seconds(module, batch) -> float:
-    t0 = time.perf_counter()
-    run_step(module, batch)
-    for p in module.parameters():
-        p.grad = None
-    return time.perf_counter() - t0
 
 
 class MinCutAt(CustomPartitionerFn):

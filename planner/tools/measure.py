@@ -63,6 +63,16 @@ def resident_bytes(module: torch.nn.Module, inputs) -> int:
     return storage_bytes([*module.parameters(), *module.buffers(), *_tensors(inputs)])
 
 
+def first_step_seconds(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> float:
+    """Seconds of one step (`run_step`), its gradients then cleared: a compiled module's first, compilation
+    included."""
+    t0 = time.perf_counter()
+    run_step(module, inputs, loss_fn)
+    for p in module.parameters():
+        p.grad = None
+    return time.perf_counter() - t0
+
+
 def measure_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | None = None) -> int:
     """Peak bytes held during one step (see the module docstring). Gradients are reset to None first."""
     _zero_grad(module)
