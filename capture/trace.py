@@ -23,6 +23,7 @@ This is the only module of the project that imports torch.fx (with `costs`, `con
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import operator
@@ -490,6 +491,7 @@ def _grads_in_parameter_layout(gm: torch.fx.GraphModule, kinds: list, params: li
     nothing (the values are the same)."""
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(out_node.args[0])
+    order = {n: j for j, n in enumerate(gm.graph.nodes)}  # the nodes before any copy is inserted
     changed = False
     for k, (kind, i) in enumerate(kinds):
         g = outs[k] if k < len(outs) else None
@@ -501,7 +503,6 @@ def _grads_in_parameter_layout(gm: torch.fx.GraphModule, kinds: list, params: li
             continue
         at = g
         if g.target is operator.getitem and isinstance(g.args[0], torch.fx.Node):  # after every output of its op
-            order = {n: j for j, n in enumerate(gm.graph.nodes)}
             at = max(g.args[0].users, key=order.__getitem__)
         with gm.graph.inserting_after(at):  # where it is made, so the graph's own layout dies at once
             copy = gm.graph.call_function(torch.ops.aten.clone.default, (g,),
@@ -593,6 +594,7 @@ def _tensor_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     return list(seen)
 
 
+@functools.cache
 def _cpu_loss_ops() -> frozenset:
     aten = torch.ops.aten
     return frozenset({aten.mse_loss.default, aten.smooth_l1_loss.default, aten.binary_cross_entropy.default,

@@ -108,16 +108,20 @@ def parse_budget(text: str) -> int:
     return int(value)
 
 
+def _check_callable_with(factory, args: tuple, need: str) -> None:
+    """ArgumentError ("`need` and return (model, sample_input): why") where `factory`'s signature refuses `args`."""
+    try:
+        inspect.signature(factory).bind(*args)
+    except TypeError as e:
+        raise ArgumentError(f"{need} and return (model, sample_input): {e}") from None
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
+
+
 def load_factory(spec: str):
     """Import MODULE:FACTORY and call it; it must return (model, sample_input)."""
     factory = load_size_factory(spec)
-    try:
-        inspect.signature(factory).bind()
-    except TypeError as e:
-        raise ArgumentError(f"{spec} must be callable with no arguments and return (model, sample_input): {e}") \
-            from None
-    except ValueError:  # no signature to read (a builtin): called as it is
-        pass
+    _check_callable_with(factory, (), f"{spec} must be callable with no arguments")
     made = factory()
     if not (isinstance(made, tuple) and len(made) == 2):
         raise ArgumentError(f"{spec} must return (model, sample_input), it returned {type(made).__name__}")
@@ -161,13 +165,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from planner.whole.api import GB
 
     make = load_size_factory(args.factory)
-    try:
-        inspect.signature(make).bind(args.start)
-    except TypeError as e:
-        raise ArgumentError(f"{args.factory} must take one size (an int) and return (model, sample_input): {e}") \
-            from None
-    except ValueError:  # no signature to read (a builtin): called as it is
-        pass
+    _check_callable_with(make, (args.start,), f"{args.factory} must take one size (an int)")
     with Reporter(True) as say:
         fit = max_batch(make, args.budget / GB, max_overhead=args.max_overhead, time_limit_s=args.time_limit,
                         cost_model=args.cost_model, start=args.start, progress=say)
