@@ -13,6 +13,15 @@ from planner.tools.measure import default_loss, measure_peak_bytes
 from tests.planner.helpers import TIME_LIMIT_S, assert_same_state, eager_state
 
 
+def plans_at_smallest_and_full(model, x):
+    """(plan, budget) at the smallest budget and at the no-recomputation peak, the step's loss the outputs' sum."""
+    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
+    smallest = smallest_budget(full, TIME_LIMIT_S).budget_bytes
+    for budget in (smallest, full.predicted_peak_bytes):
+        yield plan(model, x, budget / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S,
+                   loss_fn=default_loss), budget
+
+
 class NormOverTime(nn.Module):
     def __init__(self, width: int = 16):
         super().__init__()
@@ -29,11 +38,7 @@ def test_batch_norm_over_a_transposed_activation_plans_and_equals_eager(shape):
     torch.manual_seed(0)
     model, x = NormOverTime().train(), torch.randn(*shape)
     want = eager_state(model, x)
-    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
-    smallest = smallest_budget(full, TIME_LIMIT_S).budget_bytes
-    for budget in (smallest, full.predicted_peak_bytes):
-        p = plan(model, x, budget / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S,
-                 loss_fn=default_loss)
+    for p, budget in plans_at_smallest_and_full(model, x):
         assert_same_state(eager_state(p.apply(model), x), want)  # a step of a copy: the buffers stay as they are
         assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= budget
 
@@ -75,11 +80,7 @@ def test_a_gradient_in_another_layout_than_its_parameter_is_counted():
     torch.manual_seed(0)
     model, x = ConvOverAGrid().train(), torch.randn(2, 8, 8)
     want = eager_state(model, x)
-    full = plan(model, x, 1000.0, cost_model="flops", time_limit_s=TIME_LIMIT_S, loss_fn=default_loss)
-    smallest = smallest_budget(full, TIME_LIMIT_S).budget_bytes
-    for budget in (smallest, full.predicted_peak_bytes):
-        p = plan(model, x, budget / GB, cost_model="flops", traced=full.traced, time_limit_s=TIME_LIMIT_S,
-                 loss_fn=default_loss)
+    for p, budget in plans_at_smallest_and_full(model, x):
         assert_same_state(eager_state(p.apply(model), x), want)
         assert measure_peak_bytes(p.apply(copy.deepcopy(model)), x) <= p.predicted_peak_bytes <= budget
 
