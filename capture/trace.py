@@ -39,7 +39,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
 from capture import costs as _costs
-from capture import meta_overrides
+from capture import counter_momentum, meta_overrides
 from capture.call import CallSpec
 from capture.contract import OpRecord
 from capture.contract import contract as _contract
@@ -780,14 +780,17 @@ def trace(
     scalar_reads: tuple = ()
     read_sites: tuple = ()
     guard: Guard | None = None
-    try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
-        with restored_rng(devices), _refusing_host_draws():
-            gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
-    except _NeedsValues:
-        scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call, refuse_self_updating=True)
-        phases["scalar_reads"] = time.perf_counter() - t0
-        with restored_rng(devices), _refusing_host_draws():
-            gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
+    with counter_momentum.counted_momenta(model) as counters:  # BatchNorm momentum=None: see capture.counter_momentum
+        try:  # symbolic capture first: fast, and enough unless the forward reads tensor values
+            with restored_rng(devices), _refusing_host_draws():
+                gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
+        except _NeedsValues:
+            scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call, refuse_self_updating=True)
+            phases["scalar_reads"] = time.perf_counter() - t0
+            with restored_rng(devices), _refusing_host_draws():
+                gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
+    placeholders = _placeholders(gm)
+    counter_momentum.rewrite(gm, counters, dict(zip(buffers, placeholders[len(params):len(params) + len(buffers)])))
     phases["capture"] = time.perf_counter() - t0 - sum(phases.values())
     spec = Specialisation(
         input_shapes=tuple(tuple(t.shape) for t in inputs),

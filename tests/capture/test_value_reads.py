@@ -3,6 +3,7 @@ draw from Python's or numpy's generator. The planned step equals eager's, or a p
 a wrong value is returned."""
 from __future__ import annotations
 
+import copy
 import random
 
 import numpy as np
@@ -75,18 +76,25 @@ def test_item_read_of_parameter_data_plans_as_eager(shift):
         assert_same_state(step_state(p.apply(model), x, seed=7), want)
 
 
-def test_batchnorm_without_momentum_is_refused_at_plan_time_by_its_line():
-    # momentum=None reads num_batches_tracked (a cumulative average), which the forward itself increments: a traced
-    # step would hold the first step's factor and the next step reads another; refused before any step runs
+def test_batchnorm_without_momentum_plans_as_eager_at_every_step():
+    # momentum=None makes the factor 1 / float(num_batches_tracked), a value of a buffer the forward itself
+    # increments: the trace takes it from the counter at run time (capture.counter_momentum), so the running
+    # statistics follow eager's bit for bit at every step, not only the first
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None), nn.ReLU(), nn.Linear(8, 4), Total())
+    eager = copy.deepcopy(model)
     x = torch.randn(16, 8)
-    counter = model[1].num_batches_tracked.clone()
-    read = r"_local_scalar_dense = 1 at .*batchnorm.py:\d+ \(.*float\(self.num_batches_tracked\)\)\) from " \
-           r"1.num_batches_tracked, which the forward itself updates"
-    with pytest.raises(TraceError, match=read):
-        _plan(model, x)
-    assert torch.equal(model[1].num_batches_tracked, counter)  # nothing of the model's changed
+    step = _plan(model, x).apply(model)
+    assert model[1].momentum is None  # the capture's stand-in is gone
+    for k in range(4):
+        x = torch.randn(16, 8) + k
+        step(x).backward()
+        eager(x).backward()
+        for (name, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
+            assert torch.equal(a, b), (k, name)
+        for a, b in zip(model.parameters(), eager.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    assert int(model[1].num_batches_tracked) == 4
 
 
 class BranchBlock(nn.Module):

@@ -260,12 +260,9 @@ def test_a_block_drawing_from_python_or_numpy_has_no_schedule_of_its_own():
     assert "no schedule found" in prof.note or "draws from Python's or numpy's generator" in prof.note, prof.note
 
 
-@pytest.mark.xfail(strict=True, raises=planner.PlanMismatchError,
-                   reason="out of the state work's scope: BatchNorm with momentum=None computes its factor as "
-                          "1 / float(num_batches_tracked); the trace reads that scalar and guards on it, so the "
-                          "planned option (PlannedModule) raises PlanMismatchError at any later step (another "
-                          "count), and the controller's run_block does not catch it")
 def test_a_planned_option_of_a_block_reading_its_step_counter_runs_at_a_later_step():
+    """BatchNorm with momentum=None computes its factor as 1 / float(num_batches_tracked): the traced schedule takes
+    it from the counter at run time (capture.counter_momentum), so a later step (another count) runs as eager."""
     block, x, prof = _profiled("batchnorm-cumulative")
     planned = [o for o in prof.options if o.figures.name.startswith("planned")]
     if not planned:
