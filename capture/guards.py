@@ -10,7 +10,9 @@ on the inputs (a mask's comparison and reduction). `Guard.reads(*inputs)` replay
 Why replaying the slices is enough: the path a forward takes up to its k-th read is fixed by the reads before it,
 so if reads 1..k-1 agree, the k-th read's slice is the straight-line program that computes it on the new input.
 A slice that would mutate state (an in-place op, a buffer update) or draw random numbers cannot be replayed
-safely: no guard is built then, and the caller falls back to rerunning the forward.
+safely: no guard is built then, and the caller falls back to rerunning the forward. Batch norm in training writes its
+running statistics though its schema does not say so (`native_batch_norm`): the log counts that write, and a replay
+runs it on copies of the statistics.
 """
 from __future__ import annotations
 
@@ -50,6 +52,23 @@ class _Op:
     leaves: list  # leaves with tensors replaced by _Ref, or kept as constants (tensors from elsewhere)
     deps: tuple[int, ...]  # indices of the ops whose outputs it reads
     unsafe: bool  # mutates its inputs or draws random numbers
+    written_only: frozenset = frozenset()  # the state it writes without reading (batch norm's running statistics)
+
+
+_aten = torch.ops.aten
+# Batch norms that update their running statistics (arguments 3 and 4) in training (argument 5) though their schemas
+# do not declare the write. In training their result does not depend on those statistics' values.
+_STAT_WRITERS = frozenset(op for op in (
+    getattr(getattr(_aten, name, None), "default", None)
+    for name in ("native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm", "miopen_batch_norm", "batch_norm"))
+    if op is not None)
+
+
+def _stat_writes(func, args) -> tuple[int, ...]:
+    """The positions of the running statistics `func` writes without saying so, or ()."""
+    if func not in _STAT_WRITERS or len(args) < 6 or not args[5]:
+        return ()
+    return tuple(i for i in (3, 4) if isinstance(args[i], torch.Tensor))
 
 class _OpLogger(TorchDispatchMode):
     """Logs every op with the provenance of its tensor arguments, and the scalar reads."""
@@ -90,8 +109,14 @@ class _OpLogger(TorchDispatchMode):
                 ref = self.where.get(value) if isinstance(value, torch.Tensor) else None
                 if ref is not None and ref.kind == "state" and arg.alias_info is not None and arg.alias_info.is_write:
                     self.mutated.add(ref.key)
+        written_only = set()
+        for i in _stat_writes(func, args):
+            ref = self.where.get(args[i])
+            if ref is not None and ref.kind == "state":
+                self.mutated.add(ref.key)
+                written_only.add(ref.key)
         k = len(self.ops)
-        self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe))
+        self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe, frozenset(written_only)))
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for pos, o in enumerate(outs):
             if isinstance(o, torch.Tensor):
@@ -148,6 +173,9 @@ class Guard:
                     else:
                         leaves.append(x)
                 args, kwargs = tree_unflatten(leaves, op.spec)
+                writes = _stat_writes(op.func, args)
+                if writes:  # the replay must not move the running statistics: it writes to copies
+                    args = tuple(a.clone() if i in writes else a for i, a in enumerate(args))
                 results.append(op.func(*args, **kwargs))
         return tuple(results[k] for k in self.read_ops)
 
@@ -188,7 +216,9 @@ def _state_read(log: _OpLogger, k: int) -> set[str]:
         if j in seen:
             continue
         seen.add(j)
-        names.update(x.key for x in log.ops[j].leaves if isinstance(x, _Ref) and x.kind == "state")
+        op = log.ops[j]
+        names.update(x.key for x in op.leaves
+                     if isinstance(x, _Ref) and x.kind == "state" and x.key not in op.written_only)
         stack.extend(log.ops[j].deps)
     return names
 

@@ -9,6 +9,9 @@
   unless the input is a channels-last 4-d or 5-d tensor). A BatchNorm1d over a transposed (B, T, C) activation is
   then strided in the trace and contiguous in the step, and a `view` the trace chose (a Linear's flattening) fails
   on the real tensor, or a kernel differs from eager's (mm + add for addmm). The override gives the kernel's layout.
+  The backward's meta kernel also makes an input gradient its `output_mask` did not ask for (an input that needs no
+  gradient), where the kernels return none: the capture on real values then failed comparing that tensor with the
+  kernel's None (`_has_storage(): incompatible function arguments`). The override returns None there too.
 
 While the capture runs, `overrides()` puts these in place of torch's Python meta kernels (under the Python dispatcher,
 AOTAutograd's capture) and of the dispatcher's Meta kernels (a plain fake-tensor run); leaving restores torch's.
@@ -44,12 +47,19 @@ def _batch_norm_meta(torch_meta, input_at: int = 0):
     def meta(*args, **kwargs):
         out = torch_meta(*args, **kwargs)
         x = args[input_at]
+        if input_at == 1 and not _output_mask(args, kwargs)[0]:
+            return (None, *out[1:])  # the kernels make no input gradient unless asked; torch's meta always does
         if _device(x).type == "cpu" and isinstance(out[0], torch.Tensor):
             fmt = suggest_memory_format(x)
             if not out[0].is_contiguous(memory_format=fmt):
                 out = (out[0].contiguous(memory_format=fmt), *out[1:])
         return out
     return meta
+
+
+def _output_mask(args: tuple, kwargs: dict) -> list[bool]:
+    """native_batch_norm_backward's `output_mask` (its tenth argument)."""
+    return kwargs["output_mask"] if "output_mask" in kwargs else args[9]
 
 
 # (op, overload, the position of its input): the forwards, and the backward (whose first argument is the gradient)

@@ -76,6 +76,38 @@ def test_item_read_of_parameter_data_plans_as_eager(shift):
         assert_same_state(step_state(p.apply(model), x, seed=7), want)
 
 
+class NormThenRead(nn.Module):
+    """BatchNorm in a forward that then reads a value. On the input (which needs no gradient), the capture on real
+    values met torch's meta kernel making an input gradient the kernel does not (`_has_storage()` TypeError). After a
+    Linear, the guard's replay of the read's slice ran the batch norm again on the running statistics themselves
+    (native_batch_norm writes them without its schema saying so): they moved twice a step."""
+
+    def __init__(self, first: bool):
+        super().__init__()
+        self.pre = nn.Identity() if first else nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.bn(self.pre(x))
+        c = 2.0 if h.detach().mean().item() > 0 else 0.5
+        return (self.lin(h) * c).sum()
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_batchnorm_in_a_forward_that_reads_a_value_plans_as_eager(first):
+    torch.manual_seed(0)
+    model, x = NormThenRead(first), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    step = _plan(model, x).apply(model)
+    for k in range(3):  # the same batch: the read is a float the plan is specialised to
+        step(x).backward()
+        eager(x).backward()
+        for (name, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
+            assert torch.equal(a, b), (k, name)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), eager.parameters()))
+
+
 def test_batchnorm_without_momentum_plans_as_eager_at_every_step():
     # momentum=None makes the factor 1 / float(num_batches_tracked), a value of a buffer the forward itself
     # increments: the trace takes it from the counter at run time (capture.counter_momentum), so the running
