@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from capture.counter_momentum import counted_momenta
 from capture.random_draws import draws_random
 from capture.state import restored
 from graphs.errors import TraceError
@@ -149,6 +150,17 @@ class Guard:
     def __init__(self, ops: list[_Op], read_ops: list[int]):
         self.ops = ops  # the slice, in program order (indices into the original log are remapped)
         self.read_ops = read_ops  # positions in self.ops whose results are the reads, in read order
+        # after op j, the results no later op reads: a replay holds only what is still to be read
+        last_use = {}
+        for j, op in enumerate(ops):
+            for x in op.leaves:
+                if isinstance(x, _Ref) and x.kind == "op":
+                    last_use[x.key] = j
+        keep = set(read_ops)
+        self._dead_after: list[list[int]] = [[] for _ in ops]
+        for k in range(len(ops)):
+            if k not in keep:
+                self._dead_after[last_use.get(k, k)].append(k)
 
     @property
     def num_ops(self) -> int:
@@ -177,6 +189,8 @@ class Guard:
                 if writes:  # the replay must not move the running statistics: it writes to copies
                     args = tuple(a.clone() if i in writes else a for i, a in enumerate(args))
                 results.append(op.func(*args, **kwargs))
+                for k in self._dead_after[len(results) - 1]:
+                    results[k] = None
         return tuple(results[k] for k in self.read_ops)
 
 def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None, *, refuse_self_updating: bool = False
@@ -189,7 +203,8 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None, *, 
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     devices = {t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None}
     log = _OpLogger(inputs, state)
-    with restored(model, devices), torch.no_grad(), log:
+    # BatchNorm momentum=None reads its counter: not a read of the traced graph (capture.counter_momentum)
+    with restored(model, devices), counted_momenta(model), torch.no_grad(), log:
         if call is None:
             model(*inputs)
         else:

@@ -22,8 +22,9 @@ The grammar. Every value is a (B, T, D) activation (B 2-4, T 8 or 16, widths 8-3
   matmuls of activations (softmax(a b^T) c), a gram product (einsum of a^T b with a), a custom
   torch.autograd.Function (softsign saving its input; scaled tanh saving its output, with a non-tensor argument),
   a running-average buffer and a step counter updated in forward, a second call of an earlier Linear (a shared
-  module), a Linear tied to an earlier one's weight (as is or transposed), and a dead branch whose only effect is
-  a BatchNorm's statistics update;
+  module), a Linear tied to an earlier one's weight (as is or transposed), a dead branch whose only effect is
+  a BatchNorm's statistics update, and a value read in Python (a branch on `.item()` or on a tensor comparison,
+  or the value itself as a constant);
 - the outputs: every value no op read is gathered (cat + Linear where there are several) into one to three heads;
 - the loss: computed in the model (mse, cross-entropy with or without label smoothing, smooth_l1) against a target
   input, returned as a scalar, a dict {"loss", "pred"} or a tuple (loss, pred), the head of a cross-entropy over
@@ -355,6 +356,22 @@ class DeadBranchOp(Op):
         return ()
 
 
+class ReadOp(Op):
+    """A forward that reads a value in Python: a branch on `.item()`, a branch on a tensor comparison, or the value
+    itself used as a constant."""
+
+    def __init__(self, srcs, kind):
+        super().__init__(srcs)
+        self.kind = kind
+
+    def forward(self, x):
+        if self.kind == "item_branch":
+            return (x * (2.0 if x.detach().mean().item() > 0 else 0.5),)
+        if self.kind == "tensor_branch":
+            return (x * 3 if x.mean() > 0.2 else x + 1,)
+        return (x / (1.0 + float(x.detach().abs().max())),)
+
+
 class MergeOp(Op):
     """Several values gathered into one: cat along the features, then a Linear."""
 
@@ -511,8 +528,9 @@ class _Builder:
 
 
 OP_KINDS = ("linear", "conv1d", "conv2d", "norm", "act", "dropout", "add", "inplace", "cat", "chunk", "split",
-            "shuffle", "rms_broadcast", "sdpa", "matmul_attn", "gram", "custom_fn", "ema", "shared", "tied", "dead")
-OP_WEIGHTS = (10, 4, 3, 5, 4, 3, 5, 4, 2, 2, 2, 3, 1, 4, 2, 1, 2, 1, 1, 1, 1)
+            "shuffle", "rms_broadcast", "sdpa", "matmul_attn", "gram", "custom_fn", "ema", "shared", "tied", "dead",
+            "read")
+OP_WEIGHTS = (10, 4, 3, 5, 4, 3, 5, 4, 2, 2, 2, 3, 1, 4, 2, 1, 2, 1, 1, 1, 1, 2)
 
 
 def _try_op(b: _Builder, kind: str, hw: tuple[int, int], t: int) -> bool:
@@ -625,6 +643,10 @@ def _try_op(b: _Builder, kind: str, hw: tuple[int, int], t: int) -> bool:
     elif kind == "dead":
         i = b.pick()
         b.add(DeadBranchOp([i], w[i]), [], f"dead_branch_batchnorm(v{i})", kind)
+    elif kind == "read":
+        i = b.pick()
+        rk = r.choice(("item_branch", "tensor_branch", "item_value"))
+        b.add(ReadOp([i], rk), [w[i]], f"read_{rk}(v{i})", kind)
     else:
         raise ValueError(kind)
     return True

@@ -82,3 +82,33 @@ def test_an_error_in_the_forward_leaves_the_momentum_as_it_was():
     with pytest.raises(TraceError, match="the model's own error"):
         trace(model, torch.randn(16, 8))
     assert model.bn.momentum is None and model.bn2.momentum is None
+
+
+class ReadAfterInPlace(nn.Module):
+    """A cumulative BatchNorm, an in-place op and a value read: the read's slice mutates, so there is no guard and
+    each call's check runs the forward again; that run must read what the trace read (not the layer's counter)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8, momentum=None)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.bn(self.a(x))
+        h = h * 1.0
+        h.mul_(2.0)
+        return self.b(h / (1.0 + float(h.detach().abs().max()))).sum()
+
+
+def test_the_check_without_a_guard_reads_as_the_trace_did():
+    torch.manual_seed(0)
+    model, x = ReadAfterInPlace(), torch.randn(16, 8)
+    eager = copy.deepcopy(model)
+    traced = plan(model, x, budget_gb=1.0)
+    assert traced.traced.guard is None
+    step = traced.apply(model)
+    for k in range(3):
+        step(x).backward()
+        eager(x).backward()
+        assert _same(model, eager), k

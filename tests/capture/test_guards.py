@@ -109,3 +109,28 @@ def test_no_guard_where_the_slice_is_unsafe_and_the_forward_still_checks(cls):
     tr.check_input(y)  # falls back to a forward; nothing of the model or the RNG changes
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     assert torch.equal(rng, torch.random.get_rng_state())
+
+
+class LongSlice(nn.Module):
+    """A read at the end of a chain of eight elementwise ops: its slice is the whole chain."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.lin(x)
+        for _ in range(8):
+            h = h * 1.5 + 0.1
+        return h * (2.0 if h.sum() > 0 else 0.5)
+
+
+def test_a_guard_replay_holds_only_what_is_still_to_be_read():
+    from capture.measure_memory import peak_bytes_created_during
+
+    model, x = LongSlice(), torch.randn(32, 64)
+    traced = trace(model, x)
+    assert traced.guard is not None and traced.guard.num_ops >= 17
+    peak, _ = peak_bytes_created_during(traced.guard.reads, model, x)
+    one = 32 * 64 * 4
+    assert peak <= 3 * one, peak  # an op's inputs and output at most, not the 17 results of the chain
