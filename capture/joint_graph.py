@@ -3,10 +3,11 @@
 torch.compile hands a partitioner each compiled region's joint forward+backward fx graph (AOTAutograd's: placeholders
 `primals_*` then `tangents_*`, outputs `[*forward outputs, *one gradient or None per primal]`), possibly with symbolic
 sizes (SymInt placeholders, shapes such as `[2, s27, 32]`) once a second input shape has arrived.
-`region_graph(gm, num_fwd_outputs)` prices it the way `capture.trace` prices a traced step: a copy with every symbolic
-size replaced by its hint (`torch.fx.experimental.symbolic_shapes.optimization_hint`: the size of the input that
-triggered this compilation; no guard is added) runs once on fake tensors (`capture.trace._build_records`: storages,
-FLOPs), is contracted (`capture.contract`) and becomes a `RegionGraph`: the groups as graph nodes plus one node
+`region_graph(gm, num_fwd_outputs, sizes=...)` prices it the way `capture.trace` prices a traced step: a copy with
+every symbolic size replaced by a concrete one (the value `sizes` gives its symbols, else its hint,
+`torch.fx.experimental.symbolic_shapes.optimization_hint`: the size of the input that triggered this compilation; no
+guard is added) runs once on fake tensors (`capture.trace._build_records`: storages, FLOPs), is contracted
+(`capture.contract`) and becomes a `RegionGraph`: the groups as graph nodes plus one node
 `tangents` (after a node `boundary` that reads the forward outputs) that is read by every backward group and every
 group that reads an incoming gradient, so that no schedule starts the backward before the forward outputs exist; the
 boundary node can be given bytes (`RegionGraph.with_boundary_probe`) to bound what the forward leaves.
@@ -56,7 +57,7 @@ class RegionGraph:
         node `tangents` (`tangents_id`: the incoming gradients, 0 bytes, read by every backward group; it reads the
         boundary node).
     group_of: fx node name -> group id, for every call_function node of the joint.
-    symbolic: the joint graph had symbolic sizes (priced at their hints, `hints`: symbol -> value).
+    symbolic: the joint graph had symbolic sizes (priced at `hints`: symbol -> the size it was priced at).
     """
 
     graph: Graph
@@ -82,14 +83,38 @@ class RegionGraph:
         return Graph(tuple(nodes), fixed_bytes=self.graph.fixed_bytes, name=self.graph.name, labels=self.graph.labels)
 
 
-def _hint(value) -> int:
-    """The concrete size behind a SymInt (its hint), or the int itself. TraceError for a size with no hint."""
+def _hint(value, sizes: dict | None = None) -> int:
+    """The concrete size behind a SymInt: its expression with its symbols at `sizes` (sympy symbol -> int) where all
+    of them are there, else its hint; or the int itself. TraceError for a size with no hint."""
     if isinstance(value, torch.SymInt):
+        if sizes:
+            expr = value.node.expr
+            free = expr.free_symbols
+            if free and all(s in sizes for s in free):
+                try:
+                    return int(expr.xreplace({s: sizes[s] for s in free}))
+                except (TypeError, ValueError):
+                    pass  # an expression sympy leaves symbolic: its hint
         try:
             return int(optimization_hint(value))
         except Exception as e:  # an unbacked size (a nonzero's length) without a hint
             raise TraceError(f"symbolic size {value} has no hint to plan with: {e}") from e
     return int(value)
+
+
+def symbols_of(gm: torch.fx.GraphModule) -> list:
+    """The sympy symbols in the sizes of `gm`'s placeholders, with a SymInt that holds each (symbol -> SymInt), in
+    placeholder order: what a symbolic region's sizes depend on."""
+    found: dict = {}
+    for ph in gm.graph.find_nodes(op="placeholder"):
+        val = ph.meta.get("val")
+        dims = [val] if isinstance(val, torch.SymInt) else \
+            [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else []
+        for d in dims:
+            if isinstance(d, torch.SymInt):
+                for sym in d.node.expr.free_symbols:
+                    found.setdefault(sym, d)
+    return list(found.items())
 
 
 def _is_symbolic(val) -> bool:
@@ -100,9 +125,11 @@ def _is_symbolic(val) -> bool:
     return False
 
 
-def static_copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[torch.Tensor], dict[str, int], bool]:
-    """A copy of `gm` (same node names) whose size placeholders are replaced by their hints, empty tensors of the
-    hinted shapes and strides for its remaining placeholders, the hints by symbol, and whether any size was symbolic.
+def static_copy(gm: torch.fx.GraphModule, sizes: dict | None = None) -> tuple[torch.fx.GraphModule, list[torch.Tensor],
+                                                                          dict[str, int], bool]:
+    """A copy of `gm` (same node names) whose size placeholders are replaced by concrete sizes (`sizes`: sympy symbol
+    -> int; a size whose symbols are not all there: its hint), empty tensors of those shapes and strides for its
+    remaining placeholders, the concrete sizes by symbol, and whether any size was symbolic.
 
     The tensors are real and uninitialised (`torch.empty_strided` on the placeholder's device): what it costs is one
     copy of the region's inputs while it is priced."""
@@ -116,14 +143,14 @@ def static_copy(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[to
         val = ph.meta.get("val")
         symbolic |= _is_symbolic(val)
         if isinstance(val, torch.Tensor):
-            shape = [_hint(s) for s in val.shape]
-            stride = [_hint(s) for s in val.stride()]
+            shape = [_hint(s, sizes) for s in val.shape]
+            stride = [_hint(s, sizes) for s in val.stride()]
             for s in val.shape:
                 if isinstance(s, torch.SymInt):
-                    hints[str(s)] = _hint(s)
+                    hints[str(s)] = _hint(s, sizes)
             args.append(torch.empty_strided(shape, stride, dtype=val.dtype, device=val.device))
         elif isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
-            concrete = _hint(val)
+            concrete = _hint(val, sizes)
             if isinstance(val, torch.SymInt):
                 hints[str(val)] = concrete
             for user in list(ph.users):
@@ -142,11 +169,13 @@ def _reads_tangent(node: torch.fx.Node, tangents: set[torch.fx.Node]) -> bool:
     return False
 
 
-def region_graph(gm: torch.fx.GraphModule, num_fwd_outputs: int, *, cost_per_byte: float = 0.0) -> RegionGraph:
-    """The region's graph (see the module docstring). A node's cost is its ops' FLOPs plus `cost_per_byte` for each
-    byte it allocates (so that recomputing an elementwise op is not free). Raises TraceError where the graph cannot be
-    priced (a size with no hint, a placeholder that is neither a tensor nor a size)."""
-    static, args, hints, symbolic = static_copy(gm)
+def region_graph(gm: torch.fx.GraphModule, num_fwd_outputs: int, *, cost_per_byte: float = 0.0,
+                 sizes: dict | None = None) -> RegionGraph:
+    """The region's graph (see the module docstring), its symbolic sizes at `sizes` (sympy symbol -> int; the others
+    at their hints). A node's cost is its ops' FLOPs plus `cost_per_byte` for each byte it allocates (so that
+    recomputing an elementwise op is not free). Raises TraceError where the graph cannot be priced (a size with no
+    hint, a placeholder that is neither a tensor nor a size)."""
+    static, args, hints, symbolic = static_copy(gm, sizes)
     with torch._C._DisableAutocast(), meta_overrides.overrides():
         records, _flops, _fixed_views = _build_records(static, args, "flops", None, False)
     del args

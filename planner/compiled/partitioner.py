@@ -7,7 +7,8 @@ AOTAutograd backend takes it as its `partition_fn` (aot_eager: `planner.compiled
 
 1. prices the joint graph as the project's graph (`capture.joint_graph.region_graph`: groups of aten ops, FLOPs plus
    `COST_PER_BYTE` a byte written as the cost of computing a group, the region's own allocations as its memory;
-   symbolic sizes at their hints, the sizes of the input that triggered this compilation);
+   symbolic sizes at the largest each can take where that is known: `planner.compiled.sizes`, which also says where
+   it is not, and then the partitioner warns);
 2. solves it with the project's solvers (`solvers.base.solve`, the "auto" portfolio by default) within a byte
    budget for the region's own peak;
 3. turns the schedule into a saved set: the forward values resident where the schedule starts the backward (the
@@ -50,6 +51,7 @@ Every decision is kept (`regions`) and told by `summary()`.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,7 @@ from capture.joint_graph import HeldBytes, RegionGraph, forward_ops_in, held_byt
 from graphs.errors import InfeasibleBudgetError, NoSolutionInTimeError, RematError
 from graphs.schedule import OpKind, Schedule
 from graphs.simulate import reference_peak_bytes
+from planner.compiled.sizes import PlannedSize, SizeChooser
 from planner.core.units import FLOPS_PER_BYTE
 from solvers.base import solve
 
@@ -88,6 +91,13 @@ class StepRoom:
     backward_bytes: int
     tail_bytes: int
     block_calls: int
+
+    def scaled(self, share: float) -> StepRoom:
+        """The room with every phase's bytes times `share` (a graph-broken block's part: `BlockPart`)."""
+        if share >= 1:
+            return self
+        return StepRoom(int(self.forward_bytes * share), int(self.loss_bytes * share), int(self.backward_bytes * share),
+                        int(self.tail_bytes * share), self.block_calls)
 
     def by_phase(self) -> dict[str, int]:
         return {"forward": self.forward_bytes, "loss": self.loss_bytes, "backward": self.backward_bytes,
@@ -107,11 +117,24 @@ class StepRoom:
 
 
 @dataclass(frozen=True)
+class BlockPart:
+    """Where a region lies in its block's forward: `position` (0: the forward's first region; k: the k-th resume
+    after a graph break), whether a graph break ends it (`breaks`), dynamo's frame (`frame`: the function's name),
+    and the share of the blocks' room it is planned within (see `block_part`)."""
+
+    position: int
+    breaks: bool
+    frame: str
+    share: float
+
+
+@dataclass(frozen=True)
 class RegionDecision:
     """One region's partition: what its forward saves and its backward recomputes, and what that holds (bytes).
 
     index: the how-many-th region this partitioner split; aten_ops: call_function nodes of its joint graph;
-    symbolic / hints: the joint graph had symbolic sizes, planned at these hints (symbol -> size);
+    symbolic / sizes: the joint graph had symbolic sizes, planned at these (symbol -> `PlannedSize`: the size and
+    where it came from, `planner.compiled.sizes`);
     room: what the step left to the block calls it was planned for (`StepRoom`);
     saved: names of the saved fx values (tensors; primals included, as torch's helpers keep them);
     saved_bytes: distinct storages saved beyond the region's inputs (`capture.joint_graph.saved_storage_bytes`);
@@ -124,7 +147,7 @@ class RegionDecision:
     aten_ops: int
     room: StepRoom
     symbolic: bool
-    hints: dict[str, int]
+    sizes: dict[str, PlannedSize]
     saved: tuple[str, ...]
     saved_bytes: int
     recomputed: tuple[str, ...]
@@ -136,20 +159,71 @@ class RegionDecision:
     region_budget_bytes: int
     boundary_cap_bytes: int | None
     solves: int
+    part: BlockPart = None
+
+    @property
+    def hints(self) -> dict[str, int]:
+        """symbol -> the size it was planned at."""
+        return {k: v.size for k, v in self.sizes.items()}
+
+    @property
+    def bounded(self) -> bool:
+        """Every symbolic size was planned at a largest size (False: a longer input holds more than planned)."""
+        return all(v.bounded for v in self.sizes.values())
 
     def describe(self) -> str:
-        sizes = f", sizes at hints {self.hints}" if self.symbolic else ""
+        sizes = ""
+        if self.symbolic:
+            told = ", ".join(f"{k}={v.size} ({v.origin}{'' if v.bounded else ', NOT BOUNDED'}; {v.source})"
+                             for k, v in self.sizes.items())
+            sizes = f", symbolic sizes planned at {told}"
         held = self.room.held(self.held)
         room = self.room.by_phase()
         phases = ", ".join(f"{k} {held[k]} of {room[k]} B" for k in PHASES)
         over = f" (OVER by {self.excess} B)" if self.excess > 0 else ""
         recomputed = ", ".join(self.recomputed) if self.recomputed else "nothing"
+        if self.part is not None and self.part.share < 1:
+            sizes += (f", part {self.part.position + 1} of a block that graph breaks ({self.part.frame}), planned "
+                      f"within {self.part.share:g} of the blocks' room")
         return (f"region {self.index} ({self.aten_ops} aten ops{sizes}): {self.room.block_calls} calls hold "
                 f"{phases} left to the blocks{over}; one call holds "
                 f"{self.held.peak} B at most, {self.held.boundary} B after its forward; saves {len(self.saved)} "
                 f"values, {self.saved_bytes} B: {', '.join(self.saved)}; recomputes {len(self.recomputed)} ops: "
                 f"{recomputed}; {self.solver} ({self.status}, {self.solve_seconds:.2f} s) at a region budget of "
                 f"{self.region_budget_bytes} B, boundary cap {self.boundary_cap_bytes} B, {self.solves} solves")
+
+
+def block_frame() -> tuple[str, bool, bool, object]:
+    """(dynamo frame's function name, whether a graph break ends the region being compiled, whether the frame is a
+    resume function (the rest of a frame after a graph break), the frame's code object) for the compilation under way;
+    ("", False, False, None) outside dynamo (a direct AOTAutograd call)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # noqa: BLE001 - no dynamo frame under way
+        return "", False, False, None
+    if tx is None:
+        return "", False, False, None
+    reason = getattr(tx.output, "compile_subgraph_reason", None)
+    breaks = bool(getattr(reason, "graph_break", False))
+    code = tx.f_code
+    resumed = code.co_name.startswith("torch_dynamo_resume_in_")
+    return code.co_name, breaks, resumed, code
+
+
+def block_part(position: int, breaks: bool, frame: str) -> BlockPart:
+    """A block whose forward graph breaks runs as several regions, one after the other in each block call. Each is
+    planned within a share of the blocks' room: the region at `position` p takes 1/2^(p+1) where a graph break ends
+    it, and all that the earlier ones leave, 1/2^p, where it ends the forward. The shares of one block's regions add up
+    to at most 1, so what they hold together is bounded: while one region works, each other region's calls hold at
+    most what its own planned phase allows (the forward's peak of a split is at least what it leaves, the backward's
+    at least its saved values and its gradients), within its own share. A region of another function the forward
+    calls (a graph break in a submodule: dynamo traces that function as a frame of its own) is not told apart from the
+    block's forward: it is planned as a first region (NOT bounded together with the forward's). What the eager code
+    between the regions allocates is not counted (the measuring step books it inside the blocks)."""
+    share = 1.0 / 2 ** (position + 1) if breaks else 1.0 / 2 ** position
+    return BlockPart(position, breaks, frame, share)
 
 
 class BudgetUnknownError(RematError):
@@ -178,6 +252,22 @@ class PlannedPartitioner(CustomPartitionerFn):
     time_limit_s: float = 10.0
     solver: str = "auto"
     regions: list[RegionDecision] = field(default_factory=list)
+    sizes: SizeChooser = field(default_factory=SizeChooser)
+    _positions: dict = field(default_factory=dict, repr=False)  # dynamo frame's code -> its BlockPart's position
+    _next_position: int = field(default=1, repr=False)
+
+    def _part(self) -> BlockPart:
+        """Where the region being compiled lies in its block's forward (see `block_part`)."""
+        frame, breaks, resumed, code = block_frame()
+        if code is not None and code in self._positions:
+            position = self._positions[code]
+        else:
+            position = self._next_position if resumed else 0
+            if code is not None:
+                self._positions[code] = position
+        if breaks:
+            self._next_position = position + 1
+        return block_part(position, breaks, frame)
 
     def uuid(self) -> Any | None:
         return None  # no caching: a partition depends on the budget, which no cache key holds
@@ -198,25 +288,38 @@ class PlannedPartitioner(CustomPartitionerFn):
             gm.graph = fx_graph_cse(gm.graph)
         phs = gm.graph.find_nodes(op="placeholder")
         if not any(p.name.startswith("tangents") and p.users for p in phs):  # nothing flows back
+            self._part()
             return default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                      static_lifetime_input_indices=static_indices)
         if self.room is None:
             raise BudgetUnknownError("the region's budget is not known yet: planner.compile sets it at the model's "
                                      "first training call")
-        region = region_graph(gm, num_fwd_outputs, cost_per_byte=COST_PER_BYTE)
+        part = self._part()
+        sizes, planned = self.sizes.choose(gm)
+        unbounded = {k: v for k, v in planned.items() if not v.bounded}
+        if unbounded:
+            told = ", ".join(f"{k} ({v.source}) at {v.size}" for k, v in unbounded.items())
+            warnings.warn(f"planner.compile: a compiled region has symbolic sizes with no known largest value, planned "
+                          f"at the input that compiled it: {told}; a larger input later holds more than the budget "
+                          f"allowed for. Pass planner.compile(..., largest=<the largest inputs>) or bound the sizes "
+                          f"with torch._dynamo.mark_dynamic(x, dim, max=...)", stacklevel=2)
+        region = region_graph(gm, num_fwd_outputs, cost_per_byte=COST_PER_BYTE, sizes=sizes)
         primals = [p for p in phs if not p.name.startswith("tangents")]
         static_nodes = OrderedSet(p for i, p in enumerate(primals) if i in static_indices)
-        search = _Search(self, gm, region, num_fwd_outputs, static_nodes)
+        room = self.room.scaled(part.share)
+        search = _Search(self, gm, region, num_fwd_outputs, static_nodes, room)
         best = search.run()
-        self.regions.append(_decision(len(self.regions), gm, region, best, self, search.solves, num_fwd_outputs))
+        self.regions.append(_decision(len(self.regions), gm, region, best, room, search.solves, num_fwd_outputs,
+                                      planned, part))
         return best.fw, best.bw
 
 
 class _Search:
     """The search for the split (see the module docstring): one partitioner call's state."""
 
-    def __init__(self, owner: PlannedPartitioner, gm, region: RegionGraph, num_fwd_outputs: int, static_nodes):
-        self.owner, self.gm, self.region = owner, gm, region
+    def __init__(self, owner: PlannedPartitioner, gm, region: RegionGraph, num_fwd_outputs: int, static_nodes,
+                 room: StepRoom):
+        self.owner, self.gm, self.region, self.room = owner, gm, region, room
         self.num_fwd_outputs, self.static_nodes = num_fwd_outputs, static_nodes
         self.solves = 0
         self.solve_limit_s = owner.time_limit_s / (len(BOUNDARY_SHARES) + 2)
@@ -239,12 +342,12 @@ class _Search:
         bw = raise_getitems(reordering_to_mimic_autograd_engine(bw))
         fw = raise_getitems(fw)
         held = held_bytes(fw, bw, self.region, self.num_fwd_outputs)
-        return _Candidate(fw, bw, held, result, region_budget, boundary_cap, self.owner.room.excess(held))
+        return _Candidate(fw, bw, held, result, region_budget, boundary_cap, self.room.excess(held))
 
     def capped(self, cap: int, grads: int) -> _Candidate | None:
         """The split with the boundary capped at `cap` and the largest peak budget the room allows it, lowered once
         by each call's part of the excess where the modules hold more; None where the solvers find none."""
-        room = self.owner.room
+        room = self.room
         n = room.block_calls
         for _ in range(2):
             budget = min(room.forward_bytes - (n - 1) * cap, room.backward_bytes - (n - 1) * max(cap, grads))
@@ -261,7 +364,7 @@ class _Search:
         return c
 
     def run(self) -> _Candidate:
-        room = self.owner.room
+        room = self.room
         top = reference_peak_bytes(self.region.graph)  # every value computed once, in the joint's order
         whole = self.candidate(top)
         if self.fits(whole):
@@ -284,7 +387,7 @@ class _Search:
 
     def _refusal(self, closest: _Candidate, e: RematError | None = None) -> InfeasibleBudgetError:
         """The error for a room no split fits: it names the step budget the closest split found would need."""
-        owner, room = self.owner, self.owner.room
+        owner, room = self.owner, self.room
         step_budget = owner.step_budget_bytes
         need = None if step_budget is None else step_budget + closest.excess
         why = f"; the solvers: {e}" if e is not None else ""
@@ -346,14 +449,14 @@ def saved_values(gm: torch.fx.GraphModule, region: RegionGraph, schedule: Schedu
     return sorted(saved, key=order.__getitem__), sorted(sizes, key=order.__getitem__)
 
 
-def _decision(index: int, gm, region: RegionGraph, c: _Candidate, owner: PlannedPartitioner, solves: int,
-              num_fwd_outputs: int) -> RegionDecision:
+def _decision(index: int, gm, region: RegionGraph, c: _Candidate, room: StepRoom, solves: int,
+              num_fwd_outputs: int, sizes: dict[str, PlannedSize], part: "BlockPart") -> RegionDecision:
     fw_out = next(n for n in c.fw.graph.nodes if n.op == "output")
     saved = tuple(o.name for o in tree_leaves(fw_out.args[0])[num_fwd_outputs:] if isinstance(o, torch.fx.Node))
     return RegionDecision(
-        index=index, aten_ops=region.aten_node_count, room=owner.room, symbolic=region.symbolic,
-        hints=dict(region.hints), saved=saved,
+        index=index, aten_ops=region.aten_node_count, room=room, symbolic=region.symbolic,
+        sizes=dict(sizes), saved=saved,
         saved_bytes=saved_storage_bytes(c.fw, num_fwd_outputs), recomputed=tuple(forward_ops_in(c.bw, gm)),
         held=c.held, excess=c.excess, solver=c.result.solver, status=c.result.status.value,
         solve_seconds=c.result.solve_seconds, region_budget_bytes=c.region_budget_bytes,
-        boundary_cap_bytes=c.boundary_cap_bytes, solves=solves)
+        boundary_cap_bytes=c.boundary_cap_bytes, solves=solves, part=part)
