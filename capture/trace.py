@@ -46,7 +46,7 @@ from capture.contract import contract as _contract
 from capture.fx_nodes import nodes_by_name
 from capture.global_reads import GlobalReads
 from capture.guards import Guard, record_reads_and_guard
-from capture.measure_memory import storage_bytes
+from capture.measure_memory import peak_bytes_created_during, storage_bytes
 from capture.random_draws import node_draws_random
 from capture.state import drawn_host_generators, host_rng_state, restored_rng, swapped_state
 from graphs.errors import SpecialisationError, TraceError  # noqa: F401 (re-exported for callers of trace)
@@ -205,6 +205,10 @@ class TraceResult:
         differentiated; None when the model returns no such loss.
     global_reads: the module-level globals the forward code read and their values, which the graph holds as
         constants (`capture.global_reads.GlobalReads`; None in a TraceResult made otherwise).
+    check_bytes: the peak bytes that checking an input against the scalar reads makes beside the model and its
+        inputs (`check_input`: the guard's replay, or without a guard the forward run again), measured on the
+        sample; 0 when the forward reads no values. A step checks before it runs: its peak is at least the model,
+        its inputs and this.
     output_kinds: one entry per joint output: ("buffer_update", buffer name), ("output", leaf index),
         ("intermediate_base", None), ("grad", primal index) or ("none", primal index) for a primal
         without a gradient.
@@ -246,6 +250,7 @@ class TraceResult:
     call_spec: CallSpec | None = None  # how the model is called (None: positional inputs only)
     own_loss_leaf: int | None = None
     global_reads: GlobalReads | None = field(default=None, repr=False)  # the globals the forward code read
+    check_bytes: int = 0
 
     @cached_property
     def fx_nodes(self) -> dict[str, torch.fx.Node]:
@@ -778,6 +783,7 @@ def trace(
     phases: dict[str, float] = {}
     devices = sorted({t.device.index for t in inputs if t.is_cuda} - {None})
     scalar_reads: tuple = ()
+    check_bytes = 0
     read_sites: tuple = ()
     guard: Guard | None = None
     with counter_momentum.counted_momenta(model) as counters:  # BatchNorm momentum=None: see capture.counter_momentum
@@ -785,7 +791,10 @@ def trace(
             with restored_rng(devices), _refusing_host_draws():
                 gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, False)
         except _NeedsValues:
-            scalar_reads, guard, read_sites = record_reads_and_guard(model, inputs, call, refuse_self_updating=True)
+            check_bytes, (scalar_reads, guard, read_sites) = peak_bytes_created_during(
+                record_reads_and_guard, model, inputs, call, refuse_self_updating=True)
+            if guard is not None:  # what a step's check makes: the replay of the reads' slices
+                check_bytes, _ = peak_bytes_created_during(guard.reads, model, *inputs)
             phases["scalar_reads"] = time.perf_counter() - t0
             with restored_rng(devices), _refusing_host_draws():
                 gm, num_fwd_outputs, out_spec, loss_leaf = _capture_joint(model, params, buffers, inputs, call, True)
@@ -864,4 +873,5 @@ def trace(
         call_spec=call,
         own_loss_leaf=loss_leaf,
         global_reads=GlobalReads.of(model),
+        check_bytes=int(check_bytes),
     )

@@ -73,6 +73,14 @@ class PlanningProblem:
         self.loss_bytes = int(loss_bytes)
         self.loss_held_bytes = int(loss_held_bytes)  # what the loss tensor keeps to the step's end (LossMemory)
 
+    @property
+    def check_floor_bytes(self) -> int:
+        """What a step holds while it checks its input against the forward's scalar reads, before it runs: the
+        model, the inputs and what the check makes (`TraceResult.check_bytes`); 0 when the forward reads no values.
+        No budget below it works, whatever the schedule."""
+        check = getattr(self.traced, "check_bytes", 0)
+        return self.traced.graph.fixed_bytes + check if check else 0
+
     # ---- the graphs ----------------------------------------------------------------------------
     @cached_property
     def secondaries(self) -> dict[int, list[int]]:
@@ -185,14 +193,20 @@ class PlanningProblem:
 
     def smallest_budget(self, time_limit_s: float) -> SmallestBudget:
         """The smallest budget known to be met by a schedule plan() can run: searched on the solver graph, counting
-        only the schedules that are `executable`; where none is found, on the pinned graph with the time left."""
+        only the schedules that are `executable`; where none is found, on the pinned graph with the time left. Never
+        below `check_floor_bytes`."""
         t0 = time.perf_counter()
         graph = self.solver_graph
         found = _search_smallest(graph, time_limit_s, adapt=lambda r: self.executable(graph, r))
         left = time_limit_s - (time.perf_counter() - t0)
-        if found.budget_bytes is not None or not self.secondaries or left < 1.0:
+        if found.budget_bytes is None and self.secondaries and left >= 1.0:
+            found = _search_smallest(self.pinned_graph, left)
+        floor = self.check_floor_bytes
+        if found.budget_bytes is None or found.budget_bytes >= floor:
             return found
-        return _search_smallest(self.pinned_graph, left)
+        return SmallestBudget(floor, f"the input's check against the forward's value reads holds {floor} bytes with "
+                                     f"the model and its inputs (the schedule alone: {found.budget_bytes}; "
+                                     f"{found.proof})", found.solver)
 
 
 def _search_smallest(graph: Graph, time_limit_s: float, adapt=None) -> SmallestBudget:

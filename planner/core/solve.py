@@ -52,6 +52,10 @@ def solve_problem(problem: PlanningProblem, budget_bytes: int, *, solver: str = 
     NoSolutionInTimeError; ExecutorError where the executor cannot run the schedule; SolverError where the schedule
     found would hold more than the budget as the executor runs it (a plan never exceeds its own budget)."""
     t0 = time.perf_counter()
+    if problem.check_floor_bytes > budget_bytes:  # the check before the step holds more than the budget
+        raise _naming_the_smallest(problem, budget_bytes, solver, time_limit_s, t0, say, InfeasibleBudgetError(
+            budget_bytes, None, solver, f"checking the input against the forward's value reads holds "
+                                        f"{problem.check_floor_bytes} bytes with the model and its inputs"))
     result = problem.keep_all(budget_bytes) if solver == "auto" else None
     if result is not None:
         kind = GraphKind.EXACT
@@ -82,7 +86,8 @@ def solve_problem(problem: PlanningProblem, budget_bytes: int, *, solver: str = 
     # the step's halves, built once: solving fails here if the executor cannot run the schedule
     traced_n = problem.traced.graph.n
     halves = build_step(problem.traced, traced_sequence(graph, seq, traced_n), split_position(graph, seq, traced_n))
-    return Solved(kind, graph, done.result, seq, done.exact_peak_bytes, halves)
+    # the step's peak: the schedule's, or the check's before it where that is more
+    return Solved(kind, graph, done.result, seq, max(done.exact_peak_bytes, problem.check_floor_bytes), halves)
 
 
 def _solve(problem: PlanningProblem, budget_bytes: int, solver: str, time_limit_s: float, t0: float,

@@ -227,3 +227,35 @@ def test_host_random_draw_is_refused_by_name_and_consumes_none_of_the_users_draw
                                          "generator instead"):
         _plan(cls(), torch.randn(4, 8))
     assert same_host_rng(host_rng_state(), before)
+
+
+class OuterProductRead(nn.Module):
+    """A branch on a value only the read computes: the (B, 64, 64) product is dead in the graph (the step never
+    makes it) but the check before each step replays it (its guard's slice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x):
+        big = (x.unsqueeze(-1) * x.unsqueeze(-2)).sum() > 0
+        return (self.lin(x) * (2.0 if big else 0.5)).sum()
+
+
+def test_what_the_check_before_the_step_holds_is_in_the_plan():
+    from graphs.errors import InfeasibleBudgetError
+    from planner.tools.measure import measure_peak_bytes
+
+    torch.manual_seed(0)
+    model, x = OuterProductRead(), torch.randn(16, 64)
+    product = 16 * 64 * 64 * 4
+    full = _plan(model, x)
+    assert full.traced.guard is not None and full.traced.check_bytes >= product
+    floor = full.traced.graph.fixed_bytes + full.traced.check_bytes
+    assert full.predicted_peak_bytes >= floor
+    assert measure_peak_bytes(full.apply(model), x) <= full.predicted_peak_bytes
+    with pytest.raises(InfeasibleBudgetError, match="value reads") as info:
+        _plan(model, x, budget_gb=(floor - 1) / 1e9, traced=full.traced)
+    assert info.value.min_budget_bytes >= floor
+    p = _plan(model, x, budget_gb=info.value.min_budget_bytes / 1e9, traced=full.traced)
+    assert measure_peak_bytes(p.apply(model), x) <= p.budget_bytes
