@@ -54,6 +54,7 @@ class _Op:
     deps: tuple[int, ...]  # indices of the ops whose outputs it reads
     unsafe: bool  # mutates its inputs or draws random numbers
     written_only: frozenset = frozenset()  # the state it writes without reading (batch norm's running statistics)
+    draws: bool = False  # draws random numbers (dropout in training)
 
 
 _aten = torch.ops.aten
@@ -104,7 +105,8 @@ class _OpLogger(TorchDispatchMode):
             else:
                 logged.append(x)
         schema = getattr(func, "_schema", None)
-        unsafe = bool(schema is not None and schema.is_mutable) or draws_random(func, args, kwargs)
+        draws = draws_random(func, args, kwargs)
+        unsafe = bool(schema is not None and schema.is_mutable) or draws
         if schema is not None and schema.is_mutable:  # the model's state this op writes in place
             for arg, value in zip(schema.arguments, args):
                 ref = self.where.get(value) if isinstance(value, torch.Tensor) else None
@@ -117,7 +119,7 @@ class _OpLogger(TorchDispatchMode):
                 self.mutated.add(ref.key)
                 written_only.add(ref.key)
         k = len(self.ops)
-        self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe, frozenset(written_only)))
+        self.ops.append(_Op(func, spec, logged, tuple(sorted(deps)), unsafe, frozenset(written_only), draws))
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for pos, o in enumerate(outs):
             if isinstance(o, torch.Tensor):
@@ -199,7 +201,8 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None, *, 
     a Guard that recomputes them (None when a read's slice cannot be replayed safely) and where in the model's code
     each read happened (`file:line (source)`). `inputs` are the user input tensors; `call` (a capture.call.CallSpec)
     says how they are passed (None: positionally). With `refuse_self_updating`, a read computed from a parameter or
-    buffer the forward writes in place raises TraceError (its value changes from step to step)."""
+    buffer the forward writes in place, or a number (not a bool) from random draws (dropout in training), raises
+    TraceError (its value changes from step to step)."""
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     devices = {t.device.index for t in inputs if isinstance(t, torch.Tensor) and t.is_cuda} - {None}
     log = _OpLogger(inputs, state)
@@ -220,21 +223,36 @@ def record_reads_and_guard(model: torch.nn.Module, inputs: tuple, call=None, *, 
                     "the next step reads another (BatchNorm with momentum=None reads its step counter so); plan in "
                     "place with planner.enable(model, budget_gb), which runs the model's code as written, or give "
                     "the layer a fixed momentum")
+            # a number made from random draws differs at every step (a branch's bool may well not: it is checked)
+            drawn = () if isinstance(value, bool) else sorted(
+                {str(log.ops[j].func.overloadpacket.__name__) for j in _slice_of(log, k) if log.ops[j].draws})
+            if drawn:
+                raise TraceError(
+                    f"the forward reads a value ({name} = {value!r} at {site}) computed from random draws "
+                    f"({', '.join(drawn)}): every step reads another, and a traced step would keep the one it was "
+                    "traced on; plan in place with planner.enable(model, budget_gb), which runs the model's code as "
+                    "written, or read the value before the random op (or in eval mode)")
     return reads, _slice(log), tuple(log.sites)
+
+
+def _slice_of(log: _OpLogger, k: int) -> set[int]:
+    """The ops op k's value is computed from, op k included."""
+    seen, stack = set(), [k]
+    while stack:
+        j = stack.pop()
+        if j not in seen:
+            seen.add(j)
+            stack.extend(log.ops[j].deps)
+    return seen
 
 
 def _state_read(log: _OpLogger, k: int) -> set[str]:
     """Names of the parameters and buffers the ops up to and including op k's value are computed from."""
-    seen, stack, names = set(), [k], set()
-    while stack:
-        j = stack.pop()
-        if j in seen:
-            continue
-        seen.add(j)
+    names = set()
+    for j in _slice_of(log, k):
         op = log.ops[j]
         names.update(x.key for x in op.leaves
                      if isinstance(x, _Ref) and x.kind == "state" and x.key not in op.written_only)
-        stack.extend(log.ops[j].deps)
     return names
 
 def _slice(log: _OpLogger) -> Guard | None:

@@ -259,3 +259,27 @@ def test_what_the_check_before_the_step_holds_is_in_the_plan():
     assert info.value.min_budget_bytes >= floor
     p = _plan(model, x, budget_gb=info.value.min_budget_bytes / 1e9, traced=full.traced)
     assert measure_peak_bytes(p.apply(model), x) <= p.budget_bytes
+
+
+class ReadAfterDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = self.drop(self.lin(x))
+        return (h * (2.0 if h.detach().mean().item() > 0 else 0.5)).sum()
+
+
+def test_a_read_of_a_value_made_from_random_draws_is_refused_at_plan_time():
+    # every step draws another dropout mask, so reads another value: a traced step would keep the trace's
+    torch.manual_seed(0)
+    model, x = ReadAfterDropout(), torch.randn(16, 8)
+    rng = torch.get_rng_state()
+    with pytest.raises(TraceError, match=r"test_value_reads.py:\d+ .*computed from random draws \(bernoulli"):
+        _plan(model, x)
+    assert torch.equal(torch.get_rng_state(), rng)  # planning drew nothing of the user's
+    model.eval()  # no draws in eval mode: it plans and runs as eager
+    want = eager_state(model, x)
+    assert_same_state(step_state(_plan(model, x).apply(model), x, seed=7), want)
