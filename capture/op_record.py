@@ -6,7 +6,8 @@
 - `func` and `occurrence` (the how-many-th call of that operator in the forward): the identity a policy keys on, the
   same at every input shape of code that takes the same path. What a key/value cache's `update` runs is not seen
   (capture.kv_cache.in_cache_update: a recomputation answers it otherwise);
-- `out_bytes`: the bytes of the new storages its outputs hold (a view or an alias of an input holds none);
+- `out_bytes`: the bytes of the new storages its outputs hold (a view or an alias of an input holds none), and
+  `new_sizes`, each one's bytes and the dimensions of the output holding it;
 - `flops` (torch.utils.flop_counter's formulas) and `written_bytes` (its outputs' bytes; none for a view): what
   running it again costs;
 - `needed`: autograd saves one of its outputs' storages for the backward (`record_forward` watches its saved-tensor
@@ -41,6 +42,9 @@ class OpRecord:
     savable: bool
     why_not: str = ""
     needed: bool = False
+    # (bytes, dimensions) of each new storage its outputs hold (the dimensions of the tensor that holds it): what a
+    # bound at another input size scales (planner.inplace.scaling)
+    new_sizes: tuple = ()
 
     @property
     def name(self) -> str:
@@ -134,7 +138,8 @@ class OpRecorder(TorchDispatchMode):
         elif len(new) != len(outs):
             why = "an output aliases an input"
         index = len(self.records)
-        self.records.append(OpRecord(func, k, out_bytes, written, flops, not why, why))
+        sizes = tuple((int(t.untyped_storage().nbytes()), tuple(t.shape)) for t in new.values())
+        self.records.append(OpRecord(func, k, out_bytes, written, flops, not why, why, new_sizes=sizes))
         for key in new:
             self._made_by.setdefault(key, index)
         return out

@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_leaves, tree_unflatten
 
 from capture.call import TENSOR, FlatCall
 from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
-from capture.measure_memory import StorageTracker, storage_bytes
+from capture.measure_memory import storage_bytes
 from capture.module_tags import node_modules, trace_model
 from capture.op_record import OpRecord, record_kept_forward
 from capture.state import autocast_state, host_rng_state, restored, same_host_rng
@@ -51,7 +51,9 @@ from planner.core.plan_type import Plan, fingerprint
 from planner.core.problem import PlanningProblem
 from planner.core.solve import solve_problem
 from planner.core.units import FLOPS_PER_BYTE
+from planner.inplace import scaling
 from planner.inplace.recompute import BufferUpdates, recomputable
+from planner.inplace.scaling import ScalingTracker
 from solvers.exact.knapsack import knapsack
 from solvers.exact.option_chain import BlockOption
 
@@ -160,10 +162,21 @@ class BlockProfile:
     # the selective options' policies, (name, the (func, occurrence) pairs kept): the block structure's other shapes
     # take them as they are (`profile_block(policies=...)`)
     policies: list[tuple[str, frozenset]] = field(default_factory=list, repr=False)
+    # with a `scale` (profile_block): per ratio of scaling.RATIOS, bounds on the options' figures (in their order) at a
+    # call of this structure whose dimensions equal to `scale` are at most that ratio times longer
+    scale: int | None = None
+    scaled: list[list[BlockOption]] | None = field(default=None, repr=False)
+    bounded_at: float | None = None  # a profile made of another shape's bounds at this ratio (`at_ratio`), unprofiled
 
     @property
     def figures(self) -> list[BlockOption]:
         return [o.figures for o in self.options]
+
+    def at_ratio(self, j: int, key: tuple) -> "BlockProfile":
+        """This profile's options with their bounds at ratio j (scaling.RATIOS[j]), as the profile of a call `key`:
+        the runners serve every shape of the structure."""
+        options = [replace(o, figures=f) for o, f in zip(self.options, self.scaled[j])]
+        return BlockProfile(key, options, 0.0, self.note, 0, {}, self.policies, bounded_at=scaling.RATIOS[j])
 
 
 def _checkpointed_runner(call: BlockCall, updates: BufferUpdates | None = None):
@@ -227,10 +240,18 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor],
     gradient, which is allocated when the backward starts and freed once used. What the forward made that
     `held_elsewhere()` holds after it (a key/value cache's new entries, which the step's sites count where the step's
     cache holds them) is neither stash nor backward."""
+    return measure_option_scaled(block, run, tensors, held_elsewhere)[0]
+
+
+def measure_option_scaled(block: torch.nn.Module, run, tensors: list[torch.Tensor],
+                          held_elsewhere: Callable[[], list] = list, scale: int | None = None):
+    """(measure_option's three figures, None or, with `scale`, the three at each ratio of scaling.RATIOS: bounds
+    on them at a call whose dimensions equal to `scale` are at most that ratio times longer)."""
     inputs = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
     params = [p for p in block.parameters() if p.requires_grad]
     wrt = params + [t for t in inputs if t.requires_grad]
-    tracker = StorageTracker()
+    tracker = ScalingTracker(scale)
+    scaled = tracker.scale is not None
     with restored(block):
         with tracker:
             out = run(inputs)
@@ -238,19 +259,28 @@ def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor],
         out_bytes = storage_bytes(outs)
         diff = [t for t in outs if t.requires_grad and t.grad_fn is not None and t.is_floating_point()]
         forward_bytes = tracker.peak_bytes
-        elsewhere = tracker.tracked_bytes(held_elsewhere())
+        held = held_elsewhere()
+        elsewhere = tracker.tracked_bytes(held)
         stash = max(0, tracker.live_bytes - out_bytes - elsewhere)
+        if scaled:  # the outputs and the cache's entries are held through the stretches read: subtracted, a bound
+            out_s = scaling.add(scaling.storage_bytes_scaled(outs, tracker.scale), tracker.tracked_bytes_scaled(held))
+            forward_s = tracker.peak_scaled
+            stash_s = scaling.sub_floor(tracker.live_scaled(), out_s)
         if diff and wrt:
             total = sum(_Seed.apply(t).sum() for t in diff)  # scalars made outside the tracker: not the block's
             seed = torch.ones_like(total)
-            tracker.peak_bytes = tracker.live_bytes
+            tracker.reset_peak()
             with tracker:
                 grads = torch.autograd.grad(total, wrt, grad_outputs=seed, allow_unused=True)
                 del grads
             del total
         backward_bytes = max(0, tracker.peak_bytes - out_bytes - elsewhere)
-        del out, outs, diff
-    return int(stash), int(forward_bytes), int(backward_bytes)
+        columns = None
+        if scaled:
+            backward_s = scaling.sub_floor(tracker.peak_scaled, out_s)
+            columns = list(zip(stash_s, forward_s, backward_s))
+        del out, outs, diff, held
+    return (int(stash), int(forward_bytes), int(backward_bytes)), columns
 
 
 def _planned_runner(p, region: _Region, compile: bool):
@@ -307,7 +337,7 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem, t
 
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
                   cost_model: str = "flops", compile: bool = False, say=None, planned: bool = False,
-                  policies: list[tuple[str, frozenset]] | None = None) -> BlockProfile:
+                  policies: list[tuple[str, frozenset]] | None = None, scale: int | None = None) -> BlockProfile:
     """The options of a block at this call and their figures (see the module docstring): the block's operators
     recorded on one forward, the selective options a knapsack builds from them, and with `planned` one trace and one
     planning problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak.
@@ -315,7 +345,9 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     those. A selective option's figures are bounds derived from the shape's recording and its kept and checkpointed
     measurements (`_derived`), not measurements of its own.
     The call's cache objects are not the profile's: it records and measures with throwaway copies of them
-    (capture.kv_cache.scratch_copy) and traces the block with None in their places."""
+    (capture.kv_cache.scratch_copy) and traces the block with None in their places. With `scale` (CPU) it also
+    bounds every option's figures at calls whose dimensions equal to `scale` are up to each ratio of
+    scaling.RATIOS longer (BlockProfile.scaled)."""
     t0 = time.perf_counter()
     caches, call = call.caches, call.bare()
     say = say or (lambda _msg: None)
@@ -337,15 +369,18 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     def cache_held() -> list:
         return [t for c in scratch for t in cache_tensors(c)]
 
+    columns: dict[int, list] = {}  # id(option) -> its figures at each ratio (measure_option_scaled)
+
     def measure(opt: Option, cost: float, measured) -> None:
         scratch[:] = _scratch(caches)
-        stash, fwd, bwd = measure_option(block, measured, tensors, cache_held)
+        (stash, fwd, bwd), cols = measure_option_scaled(block, measured, tensors, cache_held, scale)
         scratch.clear()
         if (stash, fwd, bwd) in seen and opt.kind in (OptionKind.PLANNED, OptionKind.SELECTIVE):
             return
         seen.add((stash, fwd, bwd))
         opt.figures = BlockOption(opt.figures.name, float(cost), stash, fwd, bwd)
         options.append(opt)
+        columns[id(opt)] = cols
 
     def kept_measured(ts, values={n: b.detach().clone() for n, b in block.named_buffers()}):
         # copies of the buffers made before the measurement, compared within it; the operators recorded on the way,
@@ -397,11 +432,15 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
                 # the block keeps the options that run its own code
                 scratch.clear()
                 notes.append(f"{opt.figures.name} did not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+    measured_options = list(options)
     for opt, saved, cost in derived:
         figures = _derived(options[0].figures, whole_option(options).figures, records, saved)
         if figures is not None:
             opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
             options.append(opt)
+    scaled = None
+    if scale is not None and all(columns.get(id(o)) is not None for o in measured_options):
+        scaled = _scaled_figures(options, measured_options, columns, derived, records, scale)
     seconds = time.perf_counter() - t0
     say(f"block {type(block).__name__}: options " +
         ", ".join(f"{o.figures.name} (stash {o.figures.stash_bytes / 1e6:.2f} MB)" for o in options) +
@@ -410,7 +449,32 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         share = time_limit_s / (len(PLAN_FRACTIONS) + 1)
         notes.append(f"{', '.join(cut)}: no schedule found in its share of the time limit ({share:.2f} s; raise "
                      "time_limit_s)")
-    return BlockProfile(call.key, options, seconds, "; ".join(notes), nodes, plans, policy_list)
+    return BlockProfile(call.key, options, seconds, "; ".join(notes), nodes, plans, policy_list,
+                        scale if scaled is not None else None, scaled)
+
+
+def _scaled_figures(options: list[Option], measured: list[Option], columns: dict, derived: list, records, scale: int):
+    """Per ratio of scaling.RATIOS, the options' figures there (BlockProfile.scaled): the measured ones' bounds, the
+    selective ones derived from those and the recording's outputs at that ratio (`_derived`); None where a selective
+    option's derivation fails at a ratio (it does where it fails at the profiled shape)."""
+    by_opt = {id(o): derived_saved for o, derived_saved, _ in derived}
+    degrees = [[(nbytes, scaling.size_degree(dims, scale)) for nbytes, dims in r.new_sizes] for r in records]
+    out = []
+    for j in range(len(scaling.RATIOS)):
+        recs = [replace(r, out_bytes=sum(scaling.scaled(b, k)[j] for b, k in d)) for r, d in zip(records, degrees)]
+        figs = {id(o): BlockOption(o.figures.name, o.figures.cost, *columns[id(o)][j]) for o in measured}
+        kept, whole = figs[id(measured[0])], figs[id(whole_option(measured))]
+        row = []
+        for o in options:
+            if id(o) in figs:
+                row.append(figs[id(o)])
+            else:
+                f = _derived(kept, whole, recs, by_opt[id(o)])
+                if f is None:
+                    return None
+                row.append(replace(f, name=o.figures.name, cost=o.figures.cost))
+        out.append(row)
+    return out
 
 
 def whole_option(options: list[Option]) -> Option:

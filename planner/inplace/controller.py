@@ -21,6 +21,10 @@ inputs, the autocast state, which parameters require grad):
    (solvers.exact.option_chain) for the least recompute within the budget; the choice is cached. The memory at each
    site is the measured one plus what the options change there (the stashes of earlier blocks, the block's own
    forward and backward) and the parameters' gradients the call creates beyond those of the measuring call.
+3. A later call of the structure no larger than a measured one runs that one's choice among the whole-block options;
+   one longer, up to 3 times its sequence length, within its bounds (planner.inplace.scaling: on CPU the measuring
+   call and the block profile also read every site and figure at longer lengths), runs the choice at those bounds
+   without measuring anything, unless no choice meets the budget there (it then measures).
 
 A budget no choice meets raises InfeasibleBudgetError, at the measuring call when its forward alone cannot fit,
 else at the next call, naming the least budget a choice meets. In eval mode or without gradients the model runs as
@@ -34,7 +38,7 @@ import sys
 import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from typing import Callable
@@ -47,12 +51,13 @@ from torch.utils._pytree import tree_leaves
 
 from capture.call import FlatCall
 from capture.kv_cache import cache_tensors, is_cache
-from capture.measure_memory import StorageTracker, local_tensor, storage_bytes
+from capture.measure_memory import local_tensor, storage_bytes
 from capture.state import autocast_as, autocast_state, cuda_devices_in_use
 from graphs.errors import ArgumentError, InfeasibleBudgetError
 from planner.core.arguments import choice_arg, flag_arg, module_arg, progress_arg, resolve_blocks
 from planner.core.progress import Reporter
 from planner.core.units import GB, budget_bytes_from_gb, seconds_value
+from planner.inplace import scaling
 from planner.inplace.block_region import (
     BlockCall,
     BlockProfile,
@@ -62,6 +67,7 @@ from planner.inplace.block_region import (
     structure_key,
     whole_option,
 )
+from planner.inplace.scaling import ScalingTracker
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
 _ATTR = "_remat_inplace"
@@ -75,11 +81,12 @@ ENABLE_COST_MODELS = ("flops", "time")
 # ---------------------------------------------------------------------------------------------
 # reading the memory a step holds
 # ---------------------------------------------------------------------------------------------
-class _StepTracker(StorageTracker):
-    """A storage tracker that stops counting once frozen. On CPU it stays on the thread's mode stack from a measuring
-    call's forward until the model's next call (or `disable`): the autograd engine runs the caller's backward under
-    the modes of the caller's thread as they were when it began, and restores them after, so it cannot be taken off
-    from within the backward. torch.compile works around it (`ignore_compile_internals`)."""
+class _StepTracker(ScalingTracker):
+    """A storage tracker (with its bounds at longer lengths where it has a scale) that stops counting once frozen. On
+    CPU it stays on the thread's mode stack from a measuring call's forward until the model's next call (or
+    `disable`): the autograd engine runs the caller's backward under the modes of the caller's thread as they were
+    when it began, and restores them after, so it cannot be taken off from within the backward. torch.compile works
+    around it (`ignore_compile_internals`)."""
 
     frozen = False
 
@@ -139,10 +146,11 @@ class _Probe:
     mode stack (pushed and removed without a mode's enter and exit), so modes the caller enters and leaves meanwhile
     nest as they would without it."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, scale: int | None = None):
         self.cuda = device.type == "cuda"
         self.device = device
-        self.tracker: StorageTracker | None = None
+        self.scale = None if self.cuda else scale  # the allocator's counters have no bounds at other lengths
+        self.tracker: _StepTracker | None = None
         self.base = 0
         self.open = False  # counting (from start() to freeze() or stop())
 
@@ -152,7 +160,7 @@ class _Probe:
             self.base = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self.tracker = _StepTracker()
+            self.tracker = _StepTracker(self.scale)
             if not _insert_below(self.tracker):  # under fake tensors or a tracer: entered as modes are
                 self.tracker.__enter__()
 
@@ -166,7 +174,21 @@ class _Probe:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
-            self.tracker.peak_bytes = self.tracker.live_bytes
+            self.tracker.reset_peak()
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the readings have bounds at longer lengths (`live_scaled`, `peak_scaled`, `surviving_scaled`)."""
+        return self.tracker is not None and self.tracker.scale is not None
+
+    def live_scaled(self) -> tuple[int, ...]:
+        return self.tracker.live_scaled()
+
+    def peak_scaled(self) -> tuple[int, ...]:
+        return self.tracker.peak_scaled
+
+    def surviving_scaled(self, snapshot) -> tuple[int, ...]:
+        return self.tracker.bytes_still_alive_scaled(snapshot)
 
     def snapshot(self):
         """What is alive now (CPU; None on CUDA, where the allocator cannot tell)."""
@@ -251,6 +273,42 @@ class _Measured:
     dropped_output_bytes: int = 0
     held_output_bytes: int = 0  # of the outputs (and their cache), what the caller still held then
     first_input_grad: bool = True  # the first block has an input that requires grad (else nothing follows its backward)
+    # the same readings at each ratio of scaling.RATIOS: bounds at calls of this structure whose dimensions equal to
+    # `scale` are up to that ratio longer (`at`); None where the call was not read so (on CUDA, a measurement begun at
+    # the first block)
+    cols: "_Columns | None" = None
+    scale: int | None = None
+
+    def at(self, j: int) -> "_Measured":
+        """This measurement's bounds at ratio j (scaling.RATIOS[j])."""
+        c = self.cols
+
+        def pick(v):
+            return None if v is None else v[j]
+        return replace(self, forward_start=[v[j] for v in c.forward_start], after_peak=c.after_peak[j],
+                       model_end=c.model_end[j], output_bytes=c.output_bytes[j],
+                       output_grad_bytes=c.output_grad_bytes[j], surviving=[v[j] for v in c.surviving],
+                       backward_start={i: v[j] for i, v in c.backward_start.items()},
+                       head_backward=pick(c.head_backward), tail_backward=pick(c.tail_backward),
+                       dropped_output_bytes=c.dropped_output_bytes[j], held_output_bytes=c.held_output_bytes[j],
+                       output_storages=[], cols=None, scale=None)
+
+
+@dataclass
+class _Columns:
+    """_Measured's readings at each ratio of scaling.RATIOS (tuples of bytes, one per ratio)."""
+    forward_start: list = field(default_factory=list)
+    after_peak: tuple = ()
+    model_end: tuple = ()
+    output_bytes: tuple = ()
+    output_grad_bytes: tuple = ()
+    surviving: list = field(default_factory=list)
+    backward_start: dict = field(default_factory=dict)
+    head_backward: tuple | None = None
+    tail_backward: tuple | None = None
+    output_storages: list = field(default_factory=list)
+    dropped_output_bytes: tuple = scaling.zero()
+    held_output_bytes: tuple = scaling.zero()
 
 
 class StepMode(str, Enum):
@@ -280,8 +338,12 @@ class _Step:
     offset: int = 0  # a measurement begun at the first block: the bytes the step held before it (estimated)
     offset_surviving: int = 0
     grads_before: set = field(default_factory=set)  # ids of the parameters holding a gradient at the step's start
-    # a call no larger than a measured one of its structure: that one's root key, whose figures bound this call's
+    # a call no larger than a measured one of its structure: that one's root key, whose figures bound this call's;
+    # or no larger than a measured one's dimensions equal to its `scale` times scaling.RATIOS[column]: that one's root
+    # key and the column, whose bounds bound this call's
     cover: tuple | None = None
+    column: int | None = None
+    scale: int | None = None  # the dimension of this call's inputs its readings are bounded at longer lengths of
     chosen: list = field(default_factory=list)  # the options run, by block (planned calls)
     last_output_node: object = None  # the last block's output's autograd node (planned calls)
 
@@ -318,6 +380,9 @@ class InPlaceController:
         self.traced_structures: set[tuple] = set()  # block structures (block_region.structure_key) traced once
         self.policies: dict[tuple, list] = {}  # block structure -> its selective options' policies (first shape's)
         self.uncovered: set[tuple] = set()  # root keys whose blocks a covering measurement did not match
+        # measured root key -> the elements of the least call its bounds were seen not to match (blocks called
+        # otherwise): its bounds serve smaller calls alone
+        self.bounds_below: dict[tuple, int] = {}
         self.measured: dict[tuple, _Measured] = {}
         self.seen_keys: dict[tuple, list[tuple]] = {}  # root key -> the blocks' key tuples seen, latest last
         self.choices: dict[tuple, ChainChoice] = {}
@@ -350,8 +415,8 @@ class InPlaceController:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("profiles", "traced_structures", "policies", "uncovered", "measured", "seen_keys", "choices",
-                  "records", "_step", "_open_probe", "_release_hook", "_say"):
+        for k in ("profiles", "traced_structures", "policies", "uncovered", "bounds_below", "measured", "seen_keys",
+                  "choices", "records", "_step", "_open_probe", "_release_hook", "_say"):
             state.pop(k, None)
         return state
 
@@ -369,8 +434,9 @@ class InPlaceController:
     def summary(self) -> str:
         last = self.records[-1] if self.records else None
         lines = [f"in-place plan: {len(self.blocks)} blocks ({type(self.blocks[0]).__name__}), budget "
-                 f"{self.budget_bytes / GB:.6f} GB, {len(self.profiles)} block shape(s) profiled in "
-                 f"{self.plan_seconds:.2f} s, {len(self.choices)} choice(s) cached"]
+                 f"{self.budget_bytes / GB:.6f} GB, {self.profiled_shapes} block shape(s) profiled in "
+                 f"{self.plan_seconds:.2f} s ({len(self.profiles) - self.profiled_shapes} more within their bounds), "
+                 f"{len(self.choices)} choice(s) cached"]
         if self.ddp_bucket_bytes:
             lines.append(f"  DDP's gradient buckets counted in the budget: {self.ddp_bucket_bytes / GB:.6f} GB")
         for prof in self.profiles.values():
@@ -382,6 +448,11 @@ class InPlaceController:
                 f", predicted peak {last.predicted_peak_bytes / GB:.6f} GB"
             lines.append(f"  last step ({StepMode(last.mode).value}){peak}: " + grouped_names(last.options))
         return "\n".join(lines)
+
+    @property
+    def profiled_shapes(self) -> int:
+        """Block shapes profiled (the others run within a profiled shape's bounds)."""
+        return sum(1 for p in self.profiles.values() if p.bounded_at is None)
 
     def explain(self) -> str:
         lines = [self.summary()]
@@ -487,28 +558,69 @@ class InPlaceController:
         root_key = self._root_key(args, kwargs)
         step = _Step(root_key, self._resident_bytes(args, kwargs), StepMode.PLANNED)
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        step.scale = _scale_of(root_key)
         if not any(k[0] == root_key for k in self.measured):
-            step.cover = None if root_key in self.uncovered else self._covering(root_key)
+            if root_key not in self.uncovered:
+                step.cover, step.column = self._covering(root_key)
+            if step.cover is not None and step.column is not None and not self._bounded_choice(step):
+                step.cover = step.column = None  # no choice fits the bounds: this call measures
             if step.cover is None:
                 self._start_measuring(step)
         self._step = step
         return None
 
-    def _covering(self, root_key: tuple) -> tuple | None:
-        """The measured root key of this call's structure whose every tensor dimension is at least this call's (the
-        least such, by elements), or None. A transformer's memory grows with its sequence length and batch, so the
-        whole-block options chosen within the budget there hold no more here: a shorter batch of a stream is run
-        without measuring or profiling anything."""
-        found = [rk for rk, _ in self.measured if _covers(rk, root_key)]
-        return min(found, key=_elements, default=None)
+    def _covering(self, root_key: tuple) -> tuple[tuple | None, int | None]:
+        """(the measured root key whose figures bound this call's, None) where one of this call's structure has every
+        tensor dimension at least this call's (the least such, by elements); else (a measured root key, a column j)
+        where the call is no larger than that one with its dimensions equal to its scale made scaling.RATIOS[j] times
+        longer (the least such); else (None, None). A transformer's memory grows with its sequence length and batch,
+        so the whole-block options chosen within the budget there hold no more here: a shorter batch of a stream is
+        run without measuring or profiling anything, and a longer one within the bounds of a measured one too."""
+        found = [(_elements(rk), 0, rk, None) for rk, _ in self.measured if _covers(rk, root_key)]
+        for (rk, keys), m in self.measured.items():
+            if m.cols is None or m.tail_backward is None or not all(
+                    self.profiles[k].scaled is not None for k in keys if k in self.profiles) \
+                    or _elements(root_key) >= self.bounds_below.get(rk, math.inf):
+                continue
+            for j, r in enumerate(scaling.RATIOS):
+                big = _scaled_key(rk, m.scale, r)
+                if _covers(big, root_key):
+                    found.append((_elements(big), 1, rk, j))
+                    break
+        if not found:
+            return None, None
+        _, _, rk, j = min(found, key=lambda f: f[:2])
+        return rk, j
+
+    def _cover_keys(self, cover: tuple) -> tuple | None:
+        """The blocks' keys of the latest measured call of root key `cover`."""
+        return next((ks for ks in reversed(self.seen_keys.get(cover, [])) if ks and (cover, ks) in self.measured),
+                    None)
+
+    def _bounded_choice(self, step: _Step) -> bool:
+        """For a call within a measured one's bounds (step.column): the choice among whole-block options at those
+        bounds, made now; False where none meets the budget (the call then measures)."""
+        expected = self._cover_keys(step.cover)
+        if expected is None:
+            return False
+        try:
+            step.choice = self._choose(step.cover, expected, step.resident_bytes, whole=True, column=step.column)
+        except InfeasibleBudgetError:
+            return False
+        step.expected = expected
+        step.chosen = [self._options(k, True)[c] for k, c in zip(expected, step.choice.choice)]
+        return True
 
     def _start_measuring(self, step: _Step) -> None:
         step.mode = StepMode.MEASURE
         device = step.inputs[0].device if step.inputs else next(self.model.parameters()).device
-        step.probe = _Probe(device)
+        # bounds at longer lengths only where the whole call is read (not from its first block on)
+        step.probe = _Probe(device, step.scale if step.offset == 0 and step.offset_surviving == 0 else None)
         step.measured = _Measured([], 0, 0, 0, 0)
         step.grads_before = {id(p) for p in self.model.parameters() if p.grad is not None}
         step.probe.start()
+        if step.probe.scaled:
+            step.measured.cols, step.measured.scale = _Columns(), step.scale
 
     def _made_in_step_bytes(self, step: _Step, tensors) -> int:
         """Bytes of `tensors` not sharing storage with the parameters, buffers or the model's inputs."""
@@ -537,6 +649,10 @@ class InPlaceController:
             m.model_end = step.offset + step.probe.live()
             m.surviving = [f if snap is None else step.offset_surviving + step.probe.surviving(snap)
                            for f, snap in zip(m.forward_start, step.snapshots)]
+            c = m.cols
+            if c is not None:
+                c.after_peak, c.model_end = step.probe.peak_scaled(), step.probe.live_scaled()
+                c.surviving = [step.probe.surviving_scaled(snap) for snap in step.snapshots]
             step.snapshots = []
             # the probe stays on through the caller's backward (see _watch_backward), until its end or the next call
             step.probe.reset_peak()
@@ -549,6 +665,12 @@ class InPlaceController:
             held = outs + [t for c in tree_leaves(out) if is_cache(c) for t in cache_tensors(c)]
             m.output_storages = [(StorageWeakRef(t.untyped_storage()), storage_bytes([t])) for t in held]
             m.output_grad_bytes = storage_bytes([t for t in outs if t.requires_grad and t.is_floating_point()])
+            if c is not None:
+                c.output_bytes = scaling.storage_bytes_scaled(outs, m.scale)
+                c.output_storages = [(StorageWeakRef(t.untyped_storage()), scaling.storage_bytes_scaled([t], m.scale))
+                                     for t in held]
+                c.output_grad_bytes = scaling.storage_bytes_scaled(
+                    [t for t in outs if t.requires_grad and t.is_floating_point()], m.scale)
             m.used_after = [weakref.ref(p) for p in _parameters_reached(outs, step.block_outputs)]
             step.block_outputs = []
         if step.mode is StepMode.PLANNED and step.last_output_node is not None and not self.caller_keeps_outputs:
@@ -572,6 +694,8 @@ class InPlaceController:
         their cache) than the measuring call's caller did (a loop keeping `out` after one that let it go), this step
         can exceed the chain's prediction by the difference; warn, and count them in every later choice."""
         measured = next((m for (rk, _), m in self.measured.items() if rk == (step.cover or step.root_key)), None)
+        if measured is not None and step.column is not None:
+            measured = measured.at(step.column)
         if measured is None or not measured.dropped_output_bytes:
             return
         leaves = tree_leaves(out)
@@ -599,13 +723,18 @@ class InPlaceController:
         peak to the end."""
         measured, probe, offset = step.measured, step.probe, step.offset_surviving
         grads_before = step.grads_before
+        cols = measured.cols  # (their offset is 0: `_start_measuring`)
 
         def at_end() -> None:
             if probe.open and measured.tail_started:
                 measured.tail_backward = offset + probe.peak()
+                if cols is not None:
+                    cols.tail_backward = probe.peak_scaled()
             elif probe.open and not measured.first_input_grad:
                 # no gradient flows out of the first block: the backward ends with its backward, holding what lives now
                 measured.tail_backward = offset + probe.live()
+                if cols is not None:
+                    cols.tail_backward = probe.live_scaled()
             probe.freeze()
 
         def at_backward(grad_outputs):
@@ -618,9 +747,20 @@ class InPlaceController:
                 measured.dropped_output_bytes = sum(b for ref, b in everything.items() if ref.expired())
                 measured.held_output_bytes = sum(b for ref, b in everything.items() if not ref.expired())
                 measured.output_storages = []
+                if cols is not None:
+                    cols.head_backward = probe.peak_scaled()
+                    for ref, b in dict(cols.output_storages).items():
+                        if ref.expired():
+                            cols.dropped_output_bytes = scaling.add(cols.dropped_output_bytes, b)
+                        else:
+                            cols.held_output_bytes = scaling.add(cols.held_output_bytes, b)
+                    cols.output_storages = []
                 measured.grads_then = self._new_grads(measured, lambda p: id(p) in grads_before)
                 torch.autograd.Variable._execution_engine.queue_callback(at_end)
             measured.backward_start[i] = offset + max(0, probe.live() - incoming)
+            if cols is not None:
+                cols.backward_start[i] = scaling.sub_floor(probe.live_scaled(), scaling.storage_bytes_scaled(
+                    [g for g in grad_outputs if g is not None], measured.scale))
             return None
 
         def first_block_done(grad):
@@ -720,16 +860,23 @@ class InPlaceController:
                     f"least budget a choice meets at this call, its backward estimated, is {least / GB:.6f} GB") \
                     from None
 
-    def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int, whole: bool = False) -> ChainChoice:
+    def _choose(self, root_key: tuple, keys: tuple, resident_bytes: int, whole: bool = False,
+                column: int | None = None) -> ChainChoice:
         """The chain's choice for a call of `keys` measured under `root_key`; with `whole`, among the whole-block
-        options alone (`_options`)."""
+        options alone (`_options`); with `column`, at the measurement's and the profiles' bounds at that ratio
+        (scaling.RATIOS)."""
         measured = self.measured[(root_key, keys)]
         ck = (root_key, keys, resident_bytes, len(measured.backward_start), measured.tail_backward is not None, whole,
-              self.caller_keeps_outputs)
+              self.caller_keeps_outputs, column)
         hit = self.choices.get(ck)
         if hit is not None:
             return hit
-        options = [[o.figures for o in self._options(k, whole)] for k in keys]
+        if column is None:
+            options = [[o.figures for o in self._options(k, whole)] for k in keys]
+        else:
+            options = [[self.profiles[k].scaled[column][n] for n, o in enumerate(self.profiles[k].options)
+                        if not whole or o.kind is not OptionKind.PLANNED] for k in keys]
+            measured = measured.at(column)
         sites = self._sites(measured)
         try:
             choice = choose_options(options, sites, self.budget_bytes - resident_bytes)
@@ -745,6 +892,27 @@ class InPlaceController:
                   f"{(resident_bytes + choice.peak_bytes) / GB:.6f} GB of {self.budget_bytes / GB:.6f} GB")
         return choice
 
+    def _bounded_profile(self, key: tuple) -> BlockProfile | None:
+        """A profile for block key `key` from a profiled shape of its structure whose bounds hold at it (the least
+        ratio of scaling.RATIOS at which that shape, its dimensions equal to its scale made longer, covers it), or
+        None; kept as `key`'s profile. Its options run the block's own code at any shape; their figures are bounds.
+        A structure's planned options are not offered at its bounded shapes."""
+        if self.planned:
+            return None
+        like = structure_key(key)
+        found = []
+        for k, prof in self.profiles.items():
+            if prof.scaled is None or structure_key(k) != like:
+                continue
+            j = next((j for j, r in enumerate(scaling.RATIOS) if _block_covers(k, key, prof.scale, r)), None)
+            if j is not None:
+                found.append((scaling.RATIOS[j], j, prof))
+        if not found:
+            return None
+        _, j, prof = min(found, key=lambda f: f[0])
+        bounded = self.profiles[key] = prof.at_ratio(j, key)
+        return bounded
+
     def _options(self, key: tuple, whole: bool) -> list:
         """A profile's options; with `whole`, those that run at any shape (kept, checkpointed, selective)."""
         options = self.profiles[key].options
@@ -758,7 +926,16 @@ class InPlaceController:
         i = len(step.keys)
         call, tensors = BlockCall.of(block, args, kwargs)
         step.keys.append(call.key)
-        if step.mode is StepMode.PLANNED and i == 0 and step.cover is not None:
+        if step.mode is StepMode.PLANNED and i == 0 and step.column is not None:
+            # within a measured call's bounds, chosen at the call's start (`_bounded_choice`): its blocks' structure
+            if structure_key(step.expected[0]) != structure_key(call.key):
+                # the mask code took another path at this length: this call runs checkpointed, and the measured
+                # call's bounds serve no call this large again (the next one of this key measures)
+                self.uncovered.add(step.root_key)
+                limit = self.bounds_below.get(step.cover, math.inf)
+                self.bounds_below[step.cover] = min(limit, _elements(step.root_key))
+                step.mode = StepMode.FALLBACK
+        elif step.mode is StepMode.PLANNED and i == 0 and step.cover is not None:
             # blocks of the covering call's structure, in the same order: its choice among whole-block options
             like = structure_key(call.key)
             step.expected = next((ks for ks in reversed(self.seen_keys.get(step.cover, []))
@@ -787,12 +964,16 @@ class InPlaceController:
                 step.measured.first_args_bytes = self._made_in_step_bytes(step, tensors)
             step.measured.forward_start.append(step.offset + step.probe.live())
             step.snapshots.append(step.probe.snapshot())
+            if step.measured.cols is not None:
+                step.measured.cols.forward_start.append(step.probe.live_scaled())
         if step.cover is not None and step.mode is StepMode.PLANNED:
             if i < len(step.expected) and structure_key(step.expected[i]) == structure_key(call.key):
                 return step.chosen[i].run(block, tensors, call.caches)
             step.mode = StepMode.FALLBACK  # blocks called otherwise than in the covering call: the rest checkpointed
             self.uncovered.add(step.root_key)
         prof = self.profiles.get(call.key)
+        if prof is None:
+            prof = self._bounded_profile(call.key)
         if prof is None:
             t0 = time.perf_counter()
             # with `planned`, a block structure is traced at its first shape; its other shapes get the options that
@@ -802,9 +983,10 @@ class InPlaceController:
             trace = self.planned and structure not in self.traced_structures
             self.traced_structures.add(structure)
             policies = self.policies.get(structure)
+            scale = step.scale if step.mode is StepMode.MEASURE and step.probe.scaled else None
             prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
                                                    cost_model=self.cost_model, compile=self.compile, say=self._say,
-                                                   planned=trace, policies=policies))
+                                                   planned=trace, policies=policies, scale=scale))
             self.policies.setdefault(structure, prof.policies)
             if trace:  # tracing and planning leave reference cycles (fx graphs) that hold views of this call's
                 gc.collect()  # tensors (the sample they traced with): collected now, not later in this step's backward
@@ -890,6 +1072,41 @@ def _covers(big: tuple, small: tuple) -> bool:
     for b, s in zip(bflat[1], sflat[1]):
         if b and s and b[0] == s[0] == "tensor":
             if b[2:] != s[2:] or len(b[1]) != len(s[1]) or any(x < y for x, y in zip(b[1], s[1])):
+                return False
+        elif b != s:
+            return False
+    return True
+
+
+def _scale_of(root_key: tuple) -> int | None:
+    """The largest dimension of a training call's tensors (the sequence length of a batch of token rows): the one
+    whose longer values a measurement bounds (planner.inplace.scaling); None below 2."""
+    dims = [d for p in root_key[0][1] if p and p[0] == "tensor" for d in p[1]]
+    top = max(dims, default=0)
+    return top if top >= 2 else None
+
+
+def _scaled_key(root_key: tuple, scale: int, ratio: float) -> tuple:
+    """A root key with each tensor dimension equal to `scale` made `ratio` times longer (rounded down)."""
+    (spec, parts), auto, params = root_key
+    longer = math.floor(scale * ratio)
+    parts = tuple(("tensor", tuple(longer if d == scale else d for d in p[1]), *p[2:])
+                  if p and p[0] == "tensor" else p for p in parts)
+    return ((spec, parts), auto, params)
+
+
+def _block_covers(big: tuple, small: tuple, scale: int, ratio: float) -> bool:
+    """Block keys (BlockCall.key) of one structure, every tensor dimension of `small` at most `big`'s, those equal to
+    `scale` made `ratio` times longer (rounded down); strides aside."""
+    (bflat, bstate), (sflat, sstate) = big, small
+    if bstate != sstate or bflat[0] != sflat[0] or len(bflat[1]) != len(sflat[1]):
+        return False
+    longer = math.floor(scale * ratio)
+    for b, s in zip(bflat[1], sflat[1]):
+        if b and s and b[0] == s[0] == "tensor" and len(b) == len(s) == 6:
+            if b[3:] != s[3:] or len(b[1]) != len(s[1]):
+                return False
+            if any(x > (longer if y == scale else y) for x, y in zip(s[1], b[1])):
                 return False
         elif b != s:
             return False

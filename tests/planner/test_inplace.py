@@ -374,9 +374,11 @@ def test_a_block_structure_is_traced_once_whatever_the_lengths(monkeypatch):
         part = {k: v[:, :length] if torch.is_tensor(v) else v for k, v in batch.items()}
         part["labels"] = part["input_ids"].clone()
         assert torch.equal(_step(model, opt, part, seed), _step(twin, opt_twin, part, seed))
-    # (up to 48 every row is unpadded and the blocks get no mask: another structure)
+    # (up to 48 every row is unpadded and the blocks get no mask: another structure; 40 runs within the bounds the
+    # measurement at 24 gives, 56 finds the blocks called otherwise than at 24 and runs checkpointed, 64 measures)
     structures = {region_module.structure_key(k) for k in state.profiles}
-    assert len(state.profiles) == 4 and len(traces) == len(structures) < 4
+    assert [r.mode for r in state.records[:4]] == ["measure", "planned", "fallback", "measure"]
+    assert len(state.profiles) == 3 and len(traces) == len(structures) < 3
     assert sum(p.nodes > 0 for p in state.profiles.values()) == len(structures)
     assert [r.mode for r in state.records[-2:]] == ["planned", "planned"]  # 32 and 60: covered
     assert not any(name.startswith("planned") for name in state.records[-1].options)
