@@ -17,13 +17,16 @@ its `uuid()` is None, and the blocks compile with inductor's `fx_graph_cache` of
 cache (seen on torch 2.13: with the caches on, a second process got the first one's partition without asking).
 
 The budget is for the whole training step (parameters, buffers, inputs, activations, gradients), as everywhere in the
-project. The first training call (the model in training mode, gradients enabled) measures one eager step, its blocks
-checkpointed, before anything compiles (`planner.compiled.budget`, with the model's own loss or the sum of its outputs
-as the loss), on `largest` where it is given, else on the call's own inputs: the resident bytes and the peak of what
-the code outside the blocks makes in each phase of the step (forward, loss, backward, tail). The budget less those is
-what each phase leaves to the block calls (`StepRoom`), which the partitioner fits the calls into
-(`planner.compiled.partitioner`: while one call works, the others hold what their forward or their backward left).
-The blocks compile at their first call after that, and again whenever torch.compile recompiles them.
+project. The first training call (the model in training mode, gradients enabled) measures one eager step in which the
+blocks hold nothing for the backward (their forwards run without autograd, their backwards are zeros), before
+anything compiles (`planner.compiled.budget`, with the model's own loss or the sum of its outputs as the loss), on
+`largest` where it is given, else on the call's own inputs: the resident bytes and the peak of what the code outside
+the blocks makes in each phase of the step (forward, loss, backward, tail). That step holds what lies outside the
+blocks, the blocks' outputs and one block's inference forward at a time, and it stops with InfeasibleBudgetError
+before an operator would take it above the budget (each operator's outputs sized on the meta device first). The
+budget less those is what each phase leaves to the block calls (`StepRoom`), which the partitioner fits the calls
+into (`planner.compiled.partitioner`: while one call works, the others hold what their forward or their backward
+left). The blocks compile at their first call after that, and again whenever torch.compile recompiles them.
 
 A stream of input sizes: torch.compile recompiles a block once with symbolic sizes at its second shape, and that
 region then serves every later size. The partitioner plans each symbolic size at the largest it can take
@@ -42,7 +45,6 @@ the partitioner plans the new region as any other. The backends the partitioner 
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -92,18 +94,14 @@ class CompiledPlan:
             blocks = [model.get_submodule(n) for n in self.block_names]
             if self.largest is not None:
                 args, kwargs = split_call(self.largest)
-            outside = measure_outside(model, args, kwargs, blocks)
+            # never above the budget: InfeasibleBudgetError before an operator would take it there
+            outside = measure_outside(model, args, kwargs, blocks, limit_bytes=self.budget_bytes)
             self.room = step_room(self.budget_bytes, outside)  # raises where the budget leaves the blocks nothing
             self.outside = outside
             self.partitioner.room = self.room
             self.partitioner.step_budget_bytes = self.budget_bytes
             if self.largest is not None:
                 self.partitioner.sizes = SizeChooser(list(outside.block_inputs))
-            if outside.eager_peak_bytes > self.budget_bytes:
-                warnings.warn(f"planner.compile: the measuring step (eager, blocks checkpointed) held "
-                              f"{outside.eager_peak_bytes} bytes, above the budget of {self.budget_bytes}: the first "
-                              f"training call exceeds the budget once; the compiled steps are planned within it",
-                              stacklevel=2)
         finally:
             self._measuring = False
 
@@ -167,8 +165,9 @@ def compile(model: torch.nn.Module, budget_gb: float, *, blocks=None, largest=No
     time_limit_s: per region's solve. solver: the solver of `solvers.base` the partitioner asks ("auto").
     torch_compile_kwargs: torch.compile's (backend "inductor" or "aot_eager", mode, options, dynamic, fullgraph...).
     Raises ArgumentError for a bad argument; InfeasibleBudgetError at the first training call where the step holds
-    the whole budget outside its blocks, or at a region's compilation where its share is too small (wrapped by
-    torch._dynamo in a BackendCompilerFailed, whose cause it is).
+    the whole budget outside its blocks or the measuring step would go above it (stopped before it does), or at a
+    region's compilation where its share is too small (wrapped by torch._dynamo in a BackendCompilerFailed, whose
+    cause it is).
     """
     module_arg(model)
     if _ATTR in model.__dict__:

@@ -5,7 +5,9 @@ same aten ops run eagerly, so the parameters are bitwise equal), recompiles no m
 stays within the budget.
 
 Peaks are measured with a storage tracker that dynamo compiles under (`ignore_compile_internals`), as in
-test_compiled_partitioner."""
+test_compiled_partitioner. The last two tests run the three cases through inductor (marked slow: about 30 s): the
+parameters equal torch.compile's to rounding, and the peaks come from the allocator's stream (`_AllocatorPeak`),
+which sees inductor's own buffers."""
 from __future__ import annotations
 
 import copy
@@ -205,3 +207,128 @@ def test_without_largest_a_symbolic_region_is_planned_at_its_hint_and_warns():
     symbolic = [r for r in compiled_plan(model).partitioner.regions if r.symbolic]
     assert symbolic and not symbolic[0].bounded and list(symbolic[0].hints.values()) == [16]
     assert "NOT BOUNDED" in compiled_plan(model).summary()
+
+
+# ---- the same three cases through inductor (CPU): compiles take seconds each, so a few steps --------------------
+class _AllocatorPeak:
+    """The peak of the bytes the CPU allocator holds within the `with` (torch.profiler's memory events paired by
+    address, as planner.tools.measure.allocator_peak_bytes pairs them): inductor's own buffers included, which a
+    dispatch mode does not see."""
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        from torch._C._profiler import _EventType
+
+        self._prof.__exit__(*exc)
+        events, stack = [], list(self._prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            e = stack.pop()
+            if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+                events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
+            stack.extend(e.children)
+        live: dict[int, int] = {}
+        held = self.peak_bytes = 0
+        for _, size, ptr in sorted(events, key=lambda ev: ev[0]):
+            if size > 0:
+                live[ptr] = live.get(ptr, 0) + size
+                held += size
+                self.peak_bytes = max(self.peak_bytes, held)
+            elif ptr in live:
+                held -= live.pop(ptr)
+        return False
+
+
+def _allocator_train(model, xs, scales=None) -> list[int]:
+    """`_train` with each step's peak (resident included) from the allocator; the first step's includes the
+    planner's measuring step and the compilations."""
+    global SCALE
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    peaks = []
+    for k, x in enumerate(xs):
+        SCALE = 1.0 if scales is None else scales[k]
+        with _AllocatorPeak() as a:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            del loss
+        peaks.append(resident_bytes(model, x) + a.peak_bytes)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    SCALE = 1.0
+    return peaks
+
+
+def _inductor_twins(block):
+    torch.manual_seed(0)
+    model = Stack(block).train()
+    reference = copy.deepcopy(model)
+    for b in reference.blocks:
+        b.compile(options={"fx_graph_cache": False})
+    return model, reference
+
+
+def _assert_close_parameters(model, reference):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_through_inductor_a_module_global_and_a_graph_break_train_as_torch_compile_within_the_budget():
+    for block, scales, share in ((ScaledBlock, [1.0, 1.0, 0.5], 1.0), (BreakingBlock, None, 2.0)):
+        torch._dynamo.reset()
+        model, reference = _inductor_twins(block)
+        xs = _inputs(3)
+        eager_peak = _allocator_train(copy.deepcopy(model), xs[:1])[0]
+        budget = int(share * eager_peak)
+        counters.clear()
+        reference_peaks = _allocator_train(reference, xs, scales)
+        reference_graphs = counters["stats"]["unique_graphs"]
+        torch._dynamo.reset()
+        planner_compile(model, budget / 1e9, time_limit_s=3.0)
+        counters.clear()
+        peaks = _allocator_train(model, xs, scales)
+        assert counters["stats"]["unique_graphs"] == reference_graphs, block.__name__
+        regions = compiled_plan(model).partitioner.regions
+        assert regions and all(r.excess <= 0 for r in regions)
+        _assert_close_parameters(model, reference)
+        assert max(peaks) <= budget, (block.__name__, budget, peaks, reference_peaks)
+
+
+@pytest.mark.slow
+def test_through_inductor_a_stream_of_twenty_lengths_recompiles_as_torch_compile_within_the_budget():
+    model, ids = make_gpt(batch=2, seq=48, n_layers=2, dropout=0.0)
+    lengths = _lengths()
+    reference = copy.deepcopy(model)
+    for b in reference.blocks:
+        b.compile(options={"fx_graph_cache": False})
+    torch._dynamo.reset()
+    counters.clear()
+    reference_peaks = []
+    for t in lengths:
+        with _AllocatorPeak() as a:
+            run_step(reference, ids[:, :t])
+        reference_peaks.append(resident_bytes(reference, ids[:, :t]) + a.peak_bytes)
+        for p in reference.parameters():
+            p.grad = None
+    reference_graphs = counters["stats"]["unique_graphs"]
+    longest = max(lengths)
+    budget = int(0.85 * reference_peaks[lengths.index(longest)])
+    torch._dynamo.reset()
+    planner_compile(model, budget / 1e9, largest=ids[:, :longest], time_limit_s=3.0)
+    counters.clear()
+    peaks = []
+    for t in lengths:
+        with _AllocatorPeak() as a:
+            run_step(model, ids[:, :t])
+        peaks.append(resident_bytes(model, ids[:, :t]) + a.peak_bytes)
+        for p in model.parameters():
+            p.grad = None
+    assert 0 < counters["stats"]["unique_graphs"] <= reference_graphs
+    assert max(peaks) <= budget, list(zip(lengths, peaks))
+    symbolic = [r for r in compiled_plan(model).partitioner.regions if r.symbolic]
+    assert symbolic and all(r.bounded and longest in r.hints.values() for r in symbolic)

@@ -22,7 +22,8 @@ from capture.measure_memory import StorageTracker
 from graphs.errors import ArgumentError, InfeasibleBudgetError
 from planner.compiled.api import compile as planner_compile
 from planner.compiled.api import compiled_plan
-from planner.tools.measure import resident_bytes, run_step
+from planner.tools.baselines import per_block_checkpointed
+from planner.tools.measure import measure_peak_bytes, resident_bytes, run_step
 from tests.models import make_gpt
 
 
@@ -148,9 +149,60 @@ def test_through_inductor_gradients_are_as_close_to_eager_as_torch_compile_s():
 def test_a_budget_the_code_outside_the_blocks_fills_is_refused_at_the_first_call():
     model, x = make_gpt(n_layers=2)
     planner_compile(model, 1e-6, backend="aot_eager")
-    with pytest.raises(InfeasibleBudgetError, match="outside the blocks"):
+    with pytest.raises(InfeasibleBudgetError, match="parameters, buffers and inputs alone"):
         run_step(model, x)
     assert compiled_plan(model).partitioner.regions == []
+
+
+def _first_call_peak(model, x) -> tuple[int, Exception | None]:
+    """The first training call's peak (its measuring step and its compiled step), resident included, and the error it
+    raised (None where it trained)."""
+    tracker = _CompiledStepTracker()
+    error = None
+    try:
+        with tracker:
+            run_step(model, x)
+    except InfeasibleBudgetError as e:
+        error = e
+    for p in model.parameters():
+        p.grad = None
+    return resident_bytes(model, x) + tracker.peak_bytes, error
+
+
+def test_the_first_call_stays_within_a_budget_below_what_a_checkpointed_measuring_step_holds():
+    """The measuring step holds no block's activations (its blocks run without autograd): at a budget below the peak
+    of the step with every block checkpointed (what the measuring step held before), the first call, measurement and
+    compilation included, stays within the budget, and so do the later ones."""
+    model, x = make_gpt(batch=4, seq=32, n_layers=4)
+    checkpointed = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), x)
+    budget = int(0.97 * checkpointed)
+    planner_compile(model, budget / 1e9, backend="aot_eager", time_limit_s=5.0)
+    first, error = _first_call_peak(model, x)
+    assert error is None
+    plan = compiled_plan(model)
+    assert plan.outside.eager_peak_bytes <= budget < checkpointed
+    assert first <= budget
+    assert compiled_peak_bytes(model, x) <= budget
+
+
+def test_a_budget_below_the_measuring_step_is_refused_before_it_is_exceeded():
+    """Where even the measuring step does not fit, the first call stops with InfeasibleBudgetError before the operator
+    that would take it above the budget runs (sized on the meta device first): it never holds more than the budget,
+    and the error names what the step needs at least."""
+    model, x = make_gpt(batch=4, seq=32, n_layers=4)
+    probe = copy.deepcopy(model)
+    planner_compile(probe, 1.0, backend="aot_eager")
+    run_step(probe, x)
+    measuring = compiled_plan(probe).outside.eager_peak_bytes
+    for budget in (measuring - 1, int(0.8 * measuring)):
+        m = copy.deepcopy(model)
+        planner_compile(m, budget / 1e9, backend="aot_eager")
+        first, error = _first_call_peak(m, x)
+        assert error is not None and "stopped before going above the budget" in str(error)
+        assert first <= budget
+        need = int(str(error).rsplit("needs at least ", 1)[1].split()[0])
+        assert budget < need <= measuring
+        assert compiled_plan(m).outside is None and compiled_plan(m).partitioner.regions == []
 
 
 def test_the_arguments_are_checked():
