@@ -972,7 +972,9 @@ class InPlaceController:
             step.mode = StepMode.FALLBACK  # blocks called otherwise than in the covering call: the rest checkpointed
             self.uncovered.add(step.root_key)
         prof = self.profiles.get(call.key)
-        if prof is None:
+        if step.mode is StepMode.MEASURE and prof is not None and prof.bounded_at is not None:
+            prof = None  # a measured call's blocks are profiled at their own shape: the bounds may fit no choice
+        if prof is None and step.mode is not StepMode.MEASURE:
             prof = self._bounded_profile(call.key)
         if prof is None:
             t0 = time.perf_counter()

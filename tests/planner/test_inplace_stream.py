@@ -114,3 +114,33 @@ def test_the_tracker_bounds_a_longer_calls_live_and_peak_bytes(longer):
     assert live <= live_s[j] and plain.peak_bytes <= short.peak_scaled[j]
     if longer == 40:
         assert short.peak_bytes == plain.peak_bytes
+
+
+def _rows(length: int, seed: int) -> dict:
+    ids = torch.randint(1, 256, (1, length), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids, "labels": ids}
+
+
+def test_a_longer_length_measured_after_a_short_first_call_trains_at_its_budget():
+    """The first call is half as long as the later ones: the longer call measures (the first call's bounds fit no
+    choice at this budget), and its blocks are profiled at their own shape, so the calls after it meet the budget
+    (they were refused when the measured call's blocks got the short call's bounds as figures)."""
+    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=256)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).train()
+    longest = _rows(64, 1)
+    eager_peak = measure_peak_bytes(copy.deepcopy(model), longest)
+    ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), longest)
+    budget = (ckpt_peak + eager_peak) // 2
+    eager = copy.deepcopy(model)
+    checked = copy.deepcopy(model)
+    state = planner.enable(model, budget / 1e9)
+    planner.enable(checked, budget / 1e9)
+    opt_e, opt_p = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, model))
+    for k, batch in enumerate([_rows(32, 0), longest, _rows(64, 2), _rows(64, 3)]):
+        assert measure_peak_bytes(checked, batch) <= budget, k
+        _step(eager, opt_e, batch, k)
+        _step(model, opt_p, batch, k)
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters())), k
+    assert [r.mode for r in state.records][-1] == "planned"
