@@ -15,6 +15,9 @@ The in-place planner (planner.inplace.controller) runs every repeated block thro
 - "planned@<fraction>" (with `planned=True`): a schedule the solving core (planner.core.solve) made for the block
   alone at that fraction of its no-recomputation peak, run by the project's executor
   (planner.execution.runtime.PlannedModule) on the block's live parameters; traced at one shape.
+- with `compile=True` (planner.inplace.compiled_options) the kept, checkpointed and selective options are replaced by
+  "compiled kept", "compiled checkpointed" and "compiled selective@<fraction>": the same under torch.compile, each
+  measured as compiled; a measuring call runs their eager counterparts (`Option.measuring_run`).
 
 `BlockCall.of(block, args, kwargs)` flattens a call to its tensors and a key (shapes, dtypes, devices, strides,
 which require grad, the non-tensor arguments, a key/value cache by its class alone, the autocast state, the block's
@@ -52,6 +55,14 @@ from planner.core.problem import PlanningProblem
 from planner.core.solve import solve_problem
 from planner.core.units import FLOPS_PER_BYTE
 from planner.inplace import scaling
+from planner.inplace.compiled_options import (
+    COMPILED_PREFIX,
+    matches_recording,
+    measure_compiled,
+    profiler_running,
+    warm,
+)
+from planner.inplace.forwards import GradientSeed, original_forward
 from planner.inplace.recompute import BufferUpdates, recomputable
 from planner.inplace.scaling import ScalingTracker
 from solvers.exact.knapsack import knapsack
@@ -59,11 +70,6 @@ from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
 SELECTIVE_FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3, 0.15)  # of the savable outputs' bytes: the selective options
-
-
-def original_forward(block: torch.nn.Module) -> Callable:
-    """The block's class forward bound to it (what runs when no instance attribute replaces it)."""
-    return type(block).forward.__get__(block)
 
 
 def _state_key(block: torch.nn.Module) -> tuple:
@@ -149,6 +155,9 @@ class Option:
     kind: OptionKind
     figures: BlockOption
     run: Callable[..., Any] = field(repr=False)
+    # a compiled option's eager counterpart, which a measuring call runs (its storage tracker cannot see inside
+    # compiled code): None where `run` is eager
+    measuring_run: Callable[..., Any] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -220,19 +229,6 @@ def _kept_runner(call: BlockCall):
     return run
 
 
-class _Seed(torch.autograd.Function):
-    """Identity whose backward makes a dense incoming gradient of ones: the gradient a block's output receives is
-    allocated inside the measurement (and freed by autograd once used, as the real one is)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.ones(g.shape, dtype=g.dtype, device=g.device)
-
-
 def measure_option(block: torch.nn.Module, run, tensors: list[torch.Tensor],
                    held_elsewhere: Callable[[], list] = list) -> tuple[int, int, int]:
     """(stash_bytes, forward_bytes, backward_bytes) of one option (see solvers.exact.option_chain), measured on one
@@ -267,7 +263,7 @@ def measure_option_scaled(block: torch.nn.Module, run, tensors: list[torch.Tenso
             forward_s = tracker.peak_scaled
             stash_s = scaling.sub_floor(tracker.live_scaled(), out_s)
         if diff and wrt:
-            total = sum(_Seed.apply(t).sum() for t in diff)  # scalars made outside the tracker: not the block's
+            total = sum(GradientSeed.apply(t).sum() for t in diff)  # scalars made outside the tracker: not the block's
             seed = torch.ones_like(total)
             tracker.reset_peak()
             with tracker:
@@ -337,7 +333,8 @@ def _planned_options(region: _Region, sample: tuple, problem: PlanningProblem, t
 
 def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.Tensor], *, time_limit_s: float,
                   cost_model: str = "flops", compile: bool = False, say=None, planned: bool = False,
-                  policies: list[tuple[str, frozenset]] | None = None, scale: int | None = None) -> BlockProfile:
+                  policies: list[tuple[str, frozenset]] | None = None, scale: int | None = None,
+                  compiled=None) -> BlockProfile:
     """The options of a block at this call and their figures (see the module docstring): the block's operators
     recorded on one forward, the selective options a knapsack builds from them, and with `planned` one trace and one
     planning problem (one solver graph), solved by the core at each of PLAN_FRACTIONS of its no-recomputation peak.
@@ -347,7 +344,10 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     The call's cache objects are not the profile's: it records and measures with throwaway copies of them
     (capture.kv_cache.scratch_copy) and traces the block with None in their places. With `scale` (CPU) it also
     bounds every option's figures at calls whose dimensions equal to `scale` are up to each ratio of
-    scaling.RATIOS longer (BlockProfile.scaled)."""
+    scaling.RATIOS longer (BlockProfile.scaled).
+    With `compiled` (planner.inplace.compiled_options.CompiledOptions: `enable(compile=True)`) the kept, checkpointed
+    and selective options are replaced by their compiled counterparts, each measured on its own (`_compiled_options`),
+    where the block can be compiled."""
     t0 = time.perf_counter()
     caches, call = call.caches, call.bare()
     say = say or (lambda _msg: None)
@@ -438,8 +438,16 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         if figures is not None:
             opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
             options.append(opt)
+    if compiled is not None and call.plannable:
+        refusal = _compile_refusal(caches, any(draws), updates)
+        if refusal:
+            notes.append(f"runs its eager options under compile=True: {refusal}")
+        else:
+            options = _compiled_options(block, call, tensors, options, records, dict(policy_list), compiled, notes)
+            measured_options = []  # no bounds at other lengths for compiled options: each shape is measured
     scaled = None
-    if scale is not None and all(columns.get(id(o)) is not None for o in measured_options):
+    if scale is not None and measured_options and \
+            all(columns.get(id(o)) is not None for o in measured_options):
         scaled = _scaled_figures(options, measured_options, columns, derived, records, scale)
     seconds = time.perf_counter() - t0
     say(f"block {type(block).__name__}: options " +
@@ -451,6 +459,66 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
                      "time_limit_s)")
     return BlockProfile(call.key, options, seconds, "; ".join(notes), nodes, plans, policy_list,
                         scale if scaled is not None else None, scaled)
+
+
+def _compile_refusal(caches: tuple, draws: bool, updates: BufferUpdates) -> str:
+    """Why a block's options cannot run compiled ('' where they can; see planner.inplace.compiled_options)."""
+    if caches:
+        return "it is given a key/value cache, which a compiled checkpoint would not leave as its forward did"
+    if draws:
+        return "it draws from Python's or numpy's generator, which a compiled recomputation would not replay"
+    if updates.names:
+        return (f"it updates buffers ({', '.join(sorted(updates.names))}), which a compiled recomputation would not "
+                "leave as its forward did")
+    return ""
+
+
+def _compiled_options(block, call: BlockCall, tensors, options: list[Option], records: list[OpRecord],
+                      policies: dict[str, frozenset], compiled, notes: list[str]) -> list[Option]:
+    """The options with their kept, checkpointed and selective ones replaced by compiled ones, each compiled on one
+    forward and backward of the block and measured on another (compiled_options.measure_compiled); where the block
+    does not compile whole, or a selective policy names other operators under torch.compile than in the eager
+    recording, the eager option stays (the reason in `notes`)."""
+    structure = structure_key(call.key)
+    if profiler_running():  # its reading would need a second session (and two at once crash the process)
+        notes.append("compile=True: a torch.profiler session was running when the block was profiled: its eager "
+                     "options run")
+        return options
+    out: list[Option] = []
+    seen: set = set()
+    failed = False
+    for opt in options:
+        if opt.kind is OptionKind.PLANNED or failed:
+            out.append(opt)
+            continue
+        name = opt.figures.name
+        saved = None if opt.kind is OptionKind.KEPT else policies.get(name, frozenset())
+        run, traced = compiled.runner(structure, COMPILED_PREFIX + name, saved, call, eager=opt.run)
+        try:
+            warm(block, run, tensors)  # compiles it (dynamo, then the backend)
+        except Exception as e:  # noqa: BLE001 - a graph break, a backend's failure: the eager options stay
+            notes.append(f"compile=True: {COMPILED_PREFIX + name} did not compile ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160] if str(e) else ''}); the eager options run")
+            failed = True
+            out.append(opt)
+            continue
+        why = matches_recording(traced, records, saved) if saved else None
+        if why is not None:
+            notes.append(f"compile=True: {name} runs eagerly ({why})")
+            out.append(opt)
+            continue
+        figures = measure_compiled(block, run, tensors)
+        if opt.kind is OptionKind.SELECTIVE and figures in seen:
+            continue  # as another compiled option
+        seen.add(figures)
+        cost = opt.figures.cost
+        if opt.kind is OptionKind.SELECTIVE:  # the policy runs at trace time only
+            cost = max(0.0, cost - SELECTIVE_OVERHEAD_FLOPS * len(records))
+        out.append(Option(opt.kind, BlockOption(COMPILED_PREFIX + name, float(cost), *figures), run,
+                          measuring_run=opt.measuring_run or opt.run))
+    if failed:  # all eager, not a mix of compiled options and the one that failed
+        return [o for o in options]
+    return out
 
 
 def _scaled_figures(options: list[Option], measured: list[Option], columns: dict, derived: list, records, scale: int):

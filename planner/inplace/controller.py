@@ -3,8 +3,9 @@
 The model stays the user's object and class. Each repeated block (capture.module_tags.repeated_blocks, or
 `blocks=`) gets a forward of its own (an instance attribute, as the block's hooks still run around it) that runs one
 of the block's options (inplace.block_region: kept, checkpointed whole, selective checkpointing with a per-operator
-save policy, or, with `planned=True`, a schedule planned for the block alone); everything outside the blocks runs as
-written. Module hooks, DDP, FSDP2's per-block hooks and the HF Trainer see the model they know.
+save policy, or, with `planned=True`, a schedule planned for the block alone; with `compile=True` the first three
+run under torch.compile, planner.inplace.compiled_options); everything outside the blocks runs as written. Module
+hooks, DDP, FSDP2's per-block hooks and the HF Trainer see the model they know.
 
 The plan is made lazily, per key of a training call (the shapes, dtypes and non-tensor values of the model's
 inputs, the autocast state, which parameters require grad):
@@ -67,6 +68,7 @@ from planner.inplace.block_region import (
     structure_key,
     whole_option,
 )
+from planner.inplace.compiled_options import COMPILED_PREFIX, CompiledOptions
 from planner.inplace.scaling import ScalingTracker
 from solvers.exact.option_chain import ChainChoice, ChainSites, choose_options
 
@@ -362,20 +364,24 @@ class InPlaceController:
     """The in-place planner of one model (see the module docstring); `planner.enable` returns it."""
 
     def __init__(self, model: torch.nn.Module, budget_bytes: int, block_names: list[str], *, time_limit_s: float,
-                 compile: bool, cost_model: str, progress: bool | Callable[[str], None], planned: bool = False):
+                 compile: bool, cost_model: str, progress: bool | Callable[[str], None], planned: bool = False,
+                 backend: str | Callable = "inductor"):
         self.model = model
         self.budget_bytes = int(budget_bytes)
         self.block_names = list(block_names)
         self.blocks = [model.get_submodule(n) for n in block_names]
         self.time_limit_s = float(time_limit_s)
         self.compile = compile
-        self.planned = planned or compile
+        self.backend = backend
+        self.planned = planned
         self.cost_model = cost_model
         self.progress = progress
         self._reset_caches()
         self._handles: list = []
 
     def _reset_caches(self) -> None:
+        # compile=True: the compiled options' functions (planner.inplace.compiled_options), by structure and name
+        self._compiled = CompiledOptions(self.backend) if self.compile else None
         self.profiles: dict[tuple, BlockProfile] = {}
         self.traced_structures: set[tuple] = set()  # block structures (block_region.structure_key) traced once
         self.policies: dict[tuple, list] = {}  # block structure -> its selective options' policies (first shape's)
@@ -407,6 +413,7 @@ class InPlaceController:
         new.block_names = list(self.block_names)
         new.blocks = [copy.deepcopy(b, memo) for b in self.blocks]
         new.time_limit_s, new.compile, new.cost_model = self.time_limit_s, self.compile, self.cost_model
+        new.backend = self.backend
         new.planned = self.planned
         new.progress = self.progress
         new._reset_caches()
@@ -416,7 +423,7 @@ class InPlaceController:
     def __getstate__(self):
         state = dict(self.__dict__)
         for k in ("profiles", "traced_structures", "policies", "uncovered", "bounds_below", "measured", "seen_keys",
-                  "choices", "records", "_step", "_open_probe", "_release_hook", "_say"):
+                  "choices", "records", "_step", "_open_probe", "_release_hook", "_say", "_compiled"):
             state.pop(k, None)
         return state
 
@@ -896,8 +903,9 @@ class InPlaceController:
         """A profile for block key `key` from a profiled shape of its structure whose bounds hold at it (the least
         ratio of scaling.RATIOS at which that shape, its dimensions equal to its scale made longer, covers it), or
         None; kept as `key`'s profile. Its options run the block's own code at any shape; their figures are bounds.
-        A structure's planned options are not offered at its bounded shapes."""
-        if self.planned:
+        A structure's planned options are not offered at its bounded shapes; with compile=True there are no bounds
+        (each shape's compiled options are measured)."""
+        if self.planned or self.compile:
             return None
         like = structure_key(key)
         found = []
@@ -985,10 +993,11 @@ class InPlaceController:
             trace = self.planned and structure not in self.traced_structures
             self.traced_structures.add(structure)
             policies = self.policies.get(structure)
-            scale = step.scale if step.mode is StepMode.MEASURE and step.probe.scaled else None
+            scale = step.scale if step.mode is StepMode.MEASURE and step.probe.scaled and not self.compile else None
             prof = _isolated(lambda: profile_block(block, call, tensors, time_limit_s=self.time_limit_s,
                                                    cost_model=self.cost_model, compile=self.compile, say=self._say,
-                                                   planned=trace, policies=policies, scale=scale))
+                                                   planned=trace, policies=policies, scale=scale,
+                                                   compiled=self._compiled))
             self.policies.setdefault(structure, prof.policies)
             if trace:  # tracing and planning leave reference cycles (fx graphs) that hold views of this call's
                 gc.collect()  # tensors (the sample they traced with): collected now, not later in this step's backward
@@ -1003,7 +1012,10 @@ class InPlaceController:
             option = step.chosen[i]  # the chain's choice, looked up once at the first block
         else:
             option = whole_option(prof.options)
-        out = option.run(block, tensors, call.caches)  # cache objects reach the kept and checkpointed options alone
+        # cache objects reach the kept and checkpointed options alone; a measuring call runs a compiled option's eager
+        # counterpart, whose memory its tracker sees
+        run = option.measuring_run if step.mode is StepMode.MEASURE and option.measuring_run else option.run
+        out = run(block, tensors, call.caches)
         if step.mode is StepMode.PLANNED:
             step.last_output_node = next((t.grad_fn for t in tree_leaves(out)
                                           if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
@@ -1062,7 +1074,14 @@ def _parameters_reached(outputs: list[torch.Tensor], stops: list) -> list[torch.
 def _option_names(state: InPlaceController, step: _Step) -> list[str]:
     if step.mode is StepMode.PLANNED and step.chosen:
         return [o.figures.name for o in step.chosen]
-    return [whole_option(state.profiles[k].options).figures.name for k in step.keys if k in state.profiles]
+    names = []
+    for k in step.keys:
+        if k in state.profiles:
+            option = whole_option(state.profiles[k].options)
+            # a measuring call runs a compiled option's eager counterpart
+            measured = step.mode is StepMode.MEASURE and option.measuring_run is not None
+            names.append(option.figures.name.removeprefix(COMPILED_PREFIX) if measured else option.figures.name)
+    return names
 
 
 def _covers(big: tuple, small: tuple) -> bool:
@@ -1157,7 +1176,8 @@ class _BlockForward:
 # ---------------------------------------------------------------------------------------------
 def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_s: float = 5.0,
            compile: bool = False, progress: bool | Callable[[str], None] = False,
-           cost_model: str = "flops", planned: bool = False) -> InPlaceController:
+           cost_model: str = "flops", planned: bool = False,
+           backend: str | Callable = "inductor") -> InPlaceController:
     """Plan `model` in place, per repeated block, within `budget_gb` gigabytes for the whole training step
     (see the module docstring); returns the planner (also `inplace_plan(model)`).
 
@@ -1165,7 +1185,10 @@ def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_
     time_limit_s: per block structure, for tracing and planning it (`planned`).
     planned: also offer schedules the solving core plans for each block structure at its first shape, run by the
         project's executor (block_region's "planned@f").
-    compile: offer the planned schedules and run them through inductor (planner.execution.inductor).
+    compile: run the blocks' kept, checkpointed and selective options under torch.compile with `backend`, each
+        option's figures measured as compiled (planner.inplace.compiled_options); with `planned`, the planned
+        schedules run through inductor (planner.execution.inductor).
+    backend: torch.compile's backend for the compiled options ("inductor", "aot_eager", or a callable).
     """
 
     module_arg(model)
@@ -1176,9 +1199,12 @@ def enable(model: torch.nn.Module, budget_gb: float, *, blocks=None, time_limit_
     choice_arg(cost_model, "cost_model", ENABLE_COST_MODELS)
     flag_arg(compile, "compile")
     flag_arg(planned, "planned")
+    if not (isinstance(backend, str) or callable(backend)):
+        raise ArgumentError(f"backend must be a torch.compile backend's name or a callable, got {backend!r}")
     progress_arg(progress)
     state = InPlaceController(model, budget_bytes, resolve_blocks(model, blocks), time_limit_s=time_limit_s,
-                              compile=compile, cost_model=cost_model, progress=progress, planned=planned)
+                              compile=compile, cost_model=cost_model, progress=progress, planned=planned,
+                              backend=backend)
     state._install()
     model.__dict__[_ATTR] = state
     return state
