@@ -153,3 +153,28 @@ def _buffers():
         assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), eager.state_dict().values()))
     finally:
         planner.disable(model)
+
+
+def _dropout_gradients():
+    model, batch = build("gpt2", "test")
+    assert model.config.resid_pdrop > 0 and model.config.attn_pdrop > 0
+    eager_peak = measure_peak_bytes(copy.deepcopy(model), batch)
+    ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), batch)
+    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+    state = planner.enable(planned, (ckpt_peak + 0.3 * (eager_peak - ckpt_peak)) / 1e9, compile=True,
+                           backend="aot_eager")
+    for seed in range(3):
+        for m in (eager, planned):
+            m.zero_grad(set_to_none=True)
+            torch.manual_seed(seed)
+            m(**batch).loss.backward()
+        for (name, p), q in zip(planned.named_parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad), (seed, name, state.records[-1].options)
+    assert any(o.startswith(COMPILED_PREFIX + "selective") for o in state.records[-1].options), state.records[-1]
+
+
+def test_a_compiled_selective_block_with_dropout_gives_the_forwards_own_masks_gradients():
+    # with dropout in the blocks, the compiled selective and kept options under aot_eager give eager's gradients
+    # (inductor draws its own masks; that the compiled options save dropout's outputs is what keeps its recomputation
+    # on the forward's masks there, which aot_eager's RNG-restoring recomputation cannot tell apart)
+    _on_a_thread_of_its_own(_dropout_gradients)
