@@ -122,3 +122,18 @@ def storage_bytes(tensors) -> int:
             st = t.untyped_storage()
             seen[StorageWeakRef(st)] = int(st.nbytes())
     return sum(seen.values())
+
+
+def profiler_allocations(prof) -> list[tuple[int, int, int]]:
+    """(time ns, size, address) of the CPU allocator's events in a torch.profiler profile (`profile_memory=True`), in
+    time order (size < 0: a free). They see every allocation, compiled (inductor) kernels' included."""
+    from torch._C._profiler import _EventType
+
+    out = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            out.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
+        stack.extend(e.children)
+    return sorted(out, key=lambda ev: ev[0])

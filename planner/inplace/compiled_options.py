@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_leaves
 
-from capture.measure_memory import storage_bytes
+from capture.measure_memory import profiler_allocations, storage_bytes
 from capture.state import restored
 from planner.inplace.forwards import GradientSeed, original_forward
 
@@ -159,20 +159,6 @@ def profiler_running() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled())
 
 
-def _allocations(prof) -> list[tuple[int, int, int]]:
-    """(time ns, size, address) of the CPU allocator's events in a profile, in time order (size < 0: a free)."""
-    from torch._C._profiler import _EventType
-
-    out = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            out.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
-        stack.extend(e.children)
-    return sorted(out, key=lambda ev: ev[0])
-
-
 def _mark_time(prof, name: str) -> int:
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
@@ -245,7 +231,7 @@ def measure_compiled(block: torch.nn.Module, run, tensors: list[torch.Tensor]) -
             sizes: dict[int, int] = {}
             held = forward_peak = backward_peak = 0
             live = None
-            for t, size, ptr in _allocations(prof):
+            for t, size, ptr in profiler_allocations(prof):
                 if live is None and t >= mark:
                     live = held
                 if size > 0:

@@ -23,7 +23,7 @@ import torch
 
 from capture.call import CallSpec
 from capture.loss_workspace import default_loss  # noqa: F401 (re-exported: the loss a step computes by default)
-from capture.measure_memory import StorageTracker, storage_bytes
+from capture.measure_memory import StorageTracker, profiler_allocations, storage_bytes
 
 
 def _call(module: torch.nn.Module, inputs):
@@ -103,21 +103,13 @@ def allocator_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | No
     device = _device(module, inputs)
     if device is not None and device.type == "cuda":
         return measure_peak_bytes(module, inputs, loss_fn)
-    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     _zero_grad(module)
     base = resident_bytes(module, inputs)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run_step(module, inputs, loss_fn)
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            events.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
-        stack.extend(e.children)
-    events.sort(key=lambda ev: ev[0])
+    events = profiler_allocations(prof)
     live: dict[int, int] = {}
     held = peak = 0
     for _, size, ptr in events:

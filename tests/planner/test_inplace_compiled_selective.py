@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import planner
-from capture.measure_memory import StorageTracker
-from planner.inplace.compiled_options import COMPILED_PREFIX, _allocations, _Traced, matches_recording
+from capture.measure_memory import StorageTracker, profiler_allocations
+from planner.inplace.compiled_options import COMPILED_PREFIX, _Traced, matches_recording
 from planner.tools.baselines import per_block_checkpointed
 from planner.tools.measure import measure_peak_bytes, resident_bytes
 
@@ -61,7 +61,7 @@ def _step(model, batch, opt, seed, read: str | None = None) -> int | None:
             model(**batch).loss.backward()
         live: dict = {}
         held = peak = 0
-        for _, size, ptr in _allocations(prof):
+        for _, size, ptr in profiler_allocations(prof):
             if size > 0:
                 live[ptr] = live.get(ptr, 0) + size
                 held += size
