@@ -137,3 +137,19 @@ def profiler_allocations(prof) -> list[tuple[int, int, int]]:
             out.append((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr))
         stack.extend(e.children)
     return sorted(out, key=lambda ev: ev[0])
+
+
+def allocation_peak_bytes(events) -> int:
+    """The most bytes held at once by allocations among `events` ((time, size, address) in time order, as
+    `profiler_allocations` gives them), frees paired to allocations by address; a free of memory allocated before
+    the events is ignored."""
+    live: dict[int, int] = {}
+    held = peak = 0
+    for _, size, ptr in events:
+        if size > 0:
+            live[ptr] = live.get(ptr, 0) + size
+            held += size
+            peak = max(peak, held)
+        elif ptr in live:
+            held -= live.pop(ptr)
+    return peak

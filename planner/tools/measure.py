@@ -23,7 +23,7 @@ import torch
 
 from capture.call import CallSpec
 from capture.loss_workspace import default_loss  # noqa: F401 (re-exported: the loss a step computes by default)
-from capture.measure_memory import StorageTracker, profiler_allocations, storage_bytes
+from capture.measure_memory import StorageTracker, allocation_peak_bytes, profiler_allocations, storage_bytes
 
 
 def _call(module: torch.nn.Module, inputs):
@@ -109,16 +109,7 @@ def allocator_peak_bytes(module: torch.nn.Module, inputs, loss_fn: Callable | No
     base = resident_bytes(module, inputs)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run_step(module, inputs, loss_fn)
-    events = profiler_allocations(prof)
-    live: dict[int, int] = {}
-    held = peak = 0
-    for _, size, ptr in events:
-        if size > 0:
-            live[ptr] = live.get(ptr, 0) + size
-            held += size
-            peak = max(peak, held)
-        elif ptr in live:
-            held -= live.pop(ptr)
+    peak = allocation_peak_bytes(profiler_allocations(prof))
     _zero_grad(module)
     return int(base + peak)
 

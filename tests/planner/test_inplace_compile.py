@@ -14,6 +14,7 @@ import planner
 from capture.measure_memory import StorageTracker, storage_bytes
 from planner.tools.baselines import per_block_checkpointed
 from planner.tools.measure import measure_peak_bytes
+from tests.planner.helpers import farthest, on_a_thread_of_its_own
 
 pytest.importorskip("transformers")
 from examples.hf_zoo import build  # noqa: E402
@@ -26,31 +27,8 @@ def _train(model, opt, batch, seed):
     opt.zero_grad(set_to_none=True)
 
 
-def _on_a_thread_of_its_own(fn) -> None:
-    """fn() on a new thread, whose dispatch mode stack starts empty (models enabled by earlier tests of this process
-    may hold a measuring probe on the main thread's until their next call); its exception re-raised here."""
-    import threading
-
-    box = {}
-
-    def target():
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-
-
-def _farthest(a, b) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
-
-
 def test_compiled_after_enable_trains_as_the_compiled_model_within_the_budget():
-    _on_a_thread_of_its_own(_compiled_after_enable)
+    on_a_thread_of_its_own(_compiled_after_enable)
 
 
 def _compiled_after_enable():
@@ -69,7 +47,7 @@ def _compiled_after_enable():
             for m, o in zip((eager, compiled, planned), opts):
                 _train(m, o, batch, k)
             assert not _get_current_dispatch_mode_stack()
-        assert _farthest(model, eager) <= max(2 * _farthest(alone, eager), 1e-6)
+        assert farthest(model, eager) <= max(2 * farthest(alone, eager), 1e-6)
         assert [r.mode for r in state.records] == ["measure", "planned", "planned"]
         tracker = StorageTracker()
         with tracker:
@@ -82,7 +60,7 @@ def _compiled_after_enable():
 def test_a_compiled_model_stepping_beside_a_measuring_call_runs_as_alone():
     """The measuring call's tracker stays on through the caller's backward; another compiled model (inductor)
     trained between that backward and the planned model's next call would run its backward under it."""
-    _on_a_thread_of_its_own(_beside)
+    on_a_thread_of_its_own(_beside)
 
 
 def _beside():
@@ -103,6 +81,6 @@ def _beside():
         assert state.records[-1].mode == "measure" and not _get_current_dispatch_mode_stack()
         _train(compiled, o1, other_batch, 0)
         # (two compiled copies of one model differ by rounding, 1e-9 here, planner or not)
-        assert _farthest(other, other_twin) < 1e-6
+        assert farthest(other, other_twin) < 1e-6
     finally:
         planner.disable(model)

@@ -12,36 +12,14 @@ import pytest
 import torch
 
 import planner
-from capture.measure_memory import StorageTracker, profiler_allocations
+from capture.measure_memory import StorageTracker, allocation_peak_bytes, profiler_allocations
 from planner.inplace.compiled_options import COMPILED_PREFIX, _Traced, matches_recording
 from planner.tools.baselines import per_block_checkpointed
 from planner.tools.measure import measure_peak_bytes, resident_bytes
+from tests.planner.helpers import farthest, on_a_thread_of_its_own
 
 pytest.importorskip("transformers")
 from examples.hf_zoo import build  # noqa: E402
-
-
-def _on_a_thread_of_its_own(fn) -> None:
-    """fn() on a new thread, whose dispatch mode stack starts empty (models enabled by earlier tests of this process
-    may hold a measuring probe on the main thread's until their next call); its exception re-raised here."""
-    import threading
-
-    box = {}
-
-    def target():
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-
-
-def _farthest(a, b) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
 def _step(model, batch, opt, seed, read: str | None = None) -> int | None:
@@ -59,15 +37,7 @@ def _step(model, batch, opt, seed, read: str | None = None) -> int | None:
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             model(**batch).loss.backward()
-        live: dict = {}
-        held = peak = 0
-        for _, size, ptr in profiler_allocations(prof):
-            if size > 0:
-                live[ptr] = live.get(ptr, 0) + size
-                held += size
-                peak = max(peak, held)
-            elif ptr in live:
-                held -= live.pop(ptr)
+        peak = allocation_peak_bytes(profiler_allocations(prof))
     else:
         model(**batch).loss.backward()
     opt.step()
@@ -76,7 +46,7 @@ def _step(model, batch, opt, seed, read: str | None = None) -> int | None:
 
 
 def test_compiled_selective_blocks_train_as_the_compiled_blocks_within_the_budget():
-    _on_a_thread_of_its_own(_compiled_selective)
+    on_a_thread_of_its_own(_compiled_selective)
 
 
 def _compiled_selective():
@@ -105,7 +75,7 @@ def _compiled_selective():
         chosen = state.records[-1].options
         assert all(name.startswith(COMPILED_PREFIX) for name in chosen)
         assert any(name.startswith(COMPILED_PREFIX + "selective@") for name in chosen), chosen
-        assert _farthest(model, eager) <= max(2 * _farthest(alone, eager), 1e-6)
+        assert farthest(model, eager) <= max(2 * farthest(alone, eager), 1e-6)
         (prof,) = state.profiles.values()
         assert "compile=True" not in prof.note
     finally:
@@ -127,7 +97,7 @@ def test_a_policy_seeing_other_operators_under_compile_is_refused():
 
 
 def test_a_block_updating_buffers_runs_its_eager_options():
-    _on_a_thread_of_its_own(_buffers)
+    on_a_thread_of_its_own(_buffers)
 
 
 def _buffers():
@@ -177,4 +147,4 @@ def test_a_compiled_selective_block_with_dropout_gives_the_forwards_own_masks_gr
     # with dropout in the blocks, the compiled selective and kept options under aot_eager give eager's gradients
     # (inductor draws its own masks; that the compiled options save dropout's outputs is what keeps its recomputation
     # on the forward's masks there, which aot_eager's RNG-restoring recomputation cannot tell apart)
-    _on_a_thread_of_its_own(_dropout_gradients)
+    on_a_thread_of_its_own(_dropout_gradients)
