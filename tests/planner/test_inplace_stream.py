@@ -51,13 +51,9 @@ def _step(model, opt, batch, seed):
     opt.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "llama"])
-def test_a_stream_of_lengths_measures_once_and_stays_within_the_budget(name):
-    model = _model(name)
-    stream = _stream(8)
-    lengths = [b["input_ids"].shape[1] for b in stream]
-    assert len(set(lengths)) >= 6 and max(lengths) > lengths[0]
-    longest = max(stream, key=lambda b: b["input_ids"].shape[1])
+def _enabled_midway(model, longest: dict):
+    """enable(model) at a budget midway between per-block checkpointing's and eager's peaks at `longest`: (the budget,
+    the controller, an eager twin, an enabled twin whose calls are measured, AdamW for the eager twin and the model)."""
     eager_peak = measure_peak_bytes(copy.deepcopy(model), longest)
     ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), longest)
     budget = (ckpt_peak + eager_peak) // 2
@@ -66,6 +62,17 @@ def test_a_stream_of_lengths_measures_once_and_stays_within_the_budget(name):
     state = planner.enable(model, budget / 1e9)
     planner.enable(checked, budget / 1e9)
     opt_e, opt_p = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, model))
+    return budget, state, eager, checked, opt_e, opt_p
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])
+def test_a_stream_of_lengths_measures_once_and_stays_within_the_budget(name):
+    model = _model(name)
+    stream = _stream(8)
+    lengths = [b["input_ids"].shape[1] for b in stream]
+    assert len(set(lengths)) >= 6 and max(lengths) > lengths[0]
+    longest = max(stream, key=lambda b: b["input_ids"].shape[1])
+    budget, state, eager, checked, opt_e, opt_p = _enabled_midway(model, longest)
     for k, batch in enumerate(stream):
         peak = measure_peak_bytes(checked, batch)  # the same call sequence on a copy, each step's peak read
         assert peak <= budget, (k, lengths[k], peak, budget)
@@ -130,14 +137,7 @@ def test_a_longer_length_measured_after_a_short_first_call_trains_at_its_budget(
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(config).train()
     longest = _rows(64, 1)
-    eager_peak = measure_peak_bytes(copy.deepcopy(model), longest)
-    ckpt_peak = measure_peak_bytes(per_block_checkpointed(copy.deepcopy(model)), longest)
-    budget = (ckpt_peak + eager_peak) // 2
-    eager = copy.deepcopy(model)
-    checked = copy.deepcopy(model)
-    state = planner.enable(model, budget / 1e9)
-    planner.enable(checked, budget / 1e9)
-    opt_e, opt_p = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (eager, model))
+    budget, state, eager, checked, opt_e, opt_p = _enabled_midway(model, longest)
     for k, batch in enumerate([_rows(32, 0), longest, _rows(64, 2), _rows(64, 3)]):
         assert measure_peak_bytes(checked, batch) <= budget, k
         _step(eager, opt_e, batch, k)
