@@ -79,12 +79,12 @@ class StorageTracker(TorchDispatchMode):
             key = StorageWeakRef(st)
             if key in seen_inputs or key in self._tracked:
                 continue
-            self._add(key, st)
+            self._add(key, st, t)
         self._after_op()
         return out
 
-    def _add(self, key: StorageWeakRef, st) -> None:
-        """Start watching a storage an operator created (`key` its weak reference)."""
+    def _add(self, key: StorageWeakRef, st, t: torch.Tensor) -> None:
+        """Start watching a storage an operator created (`key` its weak reference, `t` the output seen through it)."""
         nbytes = int(st.nbytes())
         self._tracked[key] = nbytes
         self.live_bytes += nbytes

@@ -106,7 +106,7 @@ class _BlockAttributingTracker(StorageTracker):
                 raise _OverBudget(sum(self.live), more, func, self.depth > 0, self.phase)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
-    def _add(self, key: StorageWeakRef, st) -> None:
+    def _add(self, key: StorageWeakRef, st, t: torch.Tensor) -> None:
         pool = 1 if self.depth > 0 else 0
         nbytes = int(st.nbytes())
         self._tracked[key] = nbytes

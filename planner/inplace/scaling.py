@@ -22,7 +22,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from capture.measure_memory import StorageTracker, _fresh_outputs
+from capture.measure_memory import StorageTracker
 
 # the longer lengths a reading bounds, as multiples of `S`: a call between two of them is bounded at the larger
 RATIOS = (1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4, 1.45, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.25, 2.5, 2.75, 3.0)
@@ -130,36 +130,24 @@ class ScalingTracker(StorageTracker):
         keys = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves(tensors) if isinstance(t, torch.Tensor)}
         return self.bytes_still_alive_scaled(keys)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def _add(self, key: StorageWeakRef, st, t: torch.Tensor) -> None:
         if self.scale is None:
-            return super().__torch_dispatch__(func, types, args, kwargs)
-        out = func(*args, **(kwargs or {}))
-        if _fresh_outputs(func):
-            seen_inputs = frozenset()
-        else:
-            seen_inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves((args, kwargs or {}))
-                           if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            st = t.untyped_storage()
-            key = StorageWeakRef(st)
-            if key in seen_inputs or key in self._tracked:
-                continue
-            nbytes = int(st.nbytes())
-            k = _tensor_degree(t, nbytes, self.scale)
-            self._tracked[key] = nbytes
-            self._degree[key] = k
-            self.live_bytes += nbytes
-            self.created_bytes += nbytes
-            self._by_degree[k] += nbytes
-            self._grew = True
-            weakref.finalize(st, self._release_scaled, key, nbytes, k)
-        self._after_op()
+            return super()._add(key, st, t)
+        nbytes = int(st.nbytes())
+        k = _tensor_degree(t, nbytes, self.scale)
+        self._tracked[key] = nbytes
+        self._degree[key] = k
+        self.live_bytes += nbytes
+        self.created_bytes += nbytes
+        self._by_degree[k] += nbytes
+        self._grew = True
+        weakref.finalize(st, self._release_scaled, key, nbytes, k)
+
+    def _after_op(self) -> None:
+        super()._after_op()
         if self._grew:
             self._grew = False
             self._peak = [max(a, b) for a, b in zip(self._peak, self._live_floats())]
-        return out
 
     def _release_scaled(self, key: StorageWeakRef, nbytes: int, k: int) -> None:
         self._tracked.pop(key, None)
