@@ -49,7 +49,8 @@ for _name, _fn in (
         EXTRA_FLOP_FORMULAS[getattr(aten, _name)] = _fn
 
 
-def _flop_formula(target):
+def flop_formula(target):
+    """torch's FLOP formula for an operator (EXTRA_FLOP_FORMULAS first), None where it has none."""
     packet = getattr(target, "overloadpacket", None)
     if packet is None:
         return None
@@ -58,7 +59,7 @@ def _flop_formula(target):
 
 def node_flops(node: torch.fx.Node, args: Sequence[Any], kwargs: dict, out: Any) -> int:
     """FLOPs of one call_function node from the registry formulas (0 for unregistered ops)."""
-    formula = _flop_formula(node.target)
+    formula = flop_formula(node.target)
     if formula is None:
         return 0
     return int(formula(*args, **kwargs, out_val=out))
@@ -66,7 +67,7 @@ def node_flops(node: torch.fx.Node, args: Sequence[Any], kwargs: dict, out: Any)
 
 def has_flop_formula(node: torch.fx.Node) -> bool:
     """True for the ops the FLOP registry prices (matmul, convolution, attention)."""
-    return node.op == "call_function" and _flop_formula(node.target) is not None
+    return node.op == "call_function" and flop_formula(node.target) is not None
 
 
 def bytes_moved(args: Sequence[Any], kwargs: dict, out: Any, aliasing: bool) -> int:

@@ -27,9 +27,10 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
+from capture.costs import flop_formula
 from capture.kv_cache import in_cache_update
+from capture.random_draws import draws_random
 
 
 @dataclass
@@ -126,14 +127,14 @@ class OpRecorder(TorchDispatchMode):
         new = {key: t for key, t in outs if key not in in_keys}
         out_bytes = sum(int(t.untyped_storage().nbytes()) for t in new.values())
         written = 0 if func.is_view else sum(t.numel() * t.element_size() for _, t in outs)
-        counter = flop_registry.get(func._overloadpacket)
+        counter = flop_formula(func)
         flops = int(counter(*args, **kwargs, out_val=out)) if counter is not None else 0
         why = ""
         if not outs or len(tree_leaves(out)) != len(outs):
             why = "an output that is not a tensor"
         elif func.is_view or _writes_inputs(func):
             why = "a view or in-place operator"
-        elif torch.Tag.nondeterministic_seeded in func.tags:
+        elif draws_random(func, args, kwargs):
             why = "a random operator"
         elif len(new) != len(outs):
             why = "an output aliases an input"

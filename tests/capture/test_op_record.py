@@ -54,3 +54,16 @@ def test_a_kept_recording_records_the_same_and_differentiates_as_eager():
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert [(r.func, r.occurrence, r.savable, r.needed, r.out_bytes) for r in plain] == \
         [(r.func, r.occurrence, r.savable, r.needed, r.out_bytes) for r in kept]
+
+
+def test_attention_without_dropout_may_be_kept_and_is_priced():
+    # CPU's flash attention is tagged random (it can drop out); at dropout_p=0 it draws nothing, so a policy may
+    # keep it, and its FLOPs (missing from torch's registry) come from capture.costs' formulas
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    _, records = record_forward(lambda q: sdpa(q, q, q, is_causal=True), q)
+    attention = [r for r in records if "attention" in str(r.func)]
+    assert attention and all(r.savable and r.flops > 0 for r in attention)
+    _, records = record_forward(lambda q: sdpa(q, q, q, dropout_p=0.5), q)
+    assert not any(r.savable for r in records if torch.Tag.nondeterministic_seeded in r.func.tags)
