@@ -25,7 +25,8 @@ mode and which of its parameters require grad, with their dtypes): calls with on
 `profile_block` measures the kept and checkpointed options (and the planned ones) on one real forward and backward
 of the block each under a storage tracker (gradients taken with torch.autograd.grad, so nothing accumulates; RNG and
 buffers restored): what it stashes, what its forward and backward hold at once, and what it computes again
-(`op_cost`: FLOPs plus FLOPS_PER_BYTE a byte written, summed over the operators it runs again). The kept one's
+(planner.inplace.option_costs: FLOPs plus FLOPS_PER_BYTE a byte written, summed over the operators it runs again,
+and the host's work of the checkpoint wrappers). The kept one's
 forward records the block's operators (capture.op_record), from which the selective options are built and their
 figures bounded (`_derived`). With `planned=True` it also traces the block and solves its one planning problem at a
 few budgets.
@@ -43,9 +44,9 @@ from torch.utils._pytree import tree_leaves, tree_unflatten
 
 from capture.call import TENSOR, FlatCall
 from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
-from capture.measure_memory import storage_bytes
+from capture.measure_memory import named_parameters, storage_bytes
 from capture.module_tags import node_modules, trace_model
-from capture.op_record import OpRecord, record_kept_forward
+from capture.op_record import OpRecord, mark_held_elsewhere, record_kept_forward
 from capture.state import autocast_state, host_rng_state, restored, same_host_rng
 from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
@@ -63,18 +64,22 @@ from planner.inplace.compiled_options import (
     warm,
 )
 from planner.inplace.forwards import GradientSeed, original_forward
+from planner.inplace.option_costs import Overheads, checkpointed_cost, selective_cost, selective_options
 from planner.inplace.recompute import BufferUpdates, recomputable
 from planner.inplace.scaling import ScalingTracker
-from solvers.exact.knapsack import knapsack
 from solvers.exact.option_chain import BlockOption
 
 PLAN_FRACTIONS = (0.8, 0.6, 0.45)  # of the block's no-recomputation peak: the planned options tried
-SELECTIVE_FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3, 0.15)  # of the savable outputs' bytes: the selective options
+# of the savable outputs' bytes: the selective options. A step of 0.05: a policy such as "matmuls and attention
+# kept" holds about 0.35 of a decoder layer's savable bytes, and the chain can only match the memory of what it is
+# offered. Compiled, each option is compiled and measured on its own: fewer.
+SELECTIVE_FRACTIONS = tuple(round(0.05 * k, 2) for k in range(19, 0, -1))
+COMPILED_SELECTIVE_FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3, 0.15)
 
 
 def _state_key(block: torch.nn.Module) -> tuple:
     """What a block's trace depends on besides its call: its mode, the autocast state, its parameters' flags."""
-    params = tuple((n, p.requires_grad, str(p.dtype), str(p.device)) for n, p in block.named_parameters())
+    params = tuple((n, p.requires_grad, p.dtype, p.device) for n, p in named_parameters(block))
     return (block.training, autocast_state(), params)
 
 
@@ -370,6 +375,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         return [t for c in scratch for t in cache_tensors(c)]
 
     columns: dict[int, list] = {}  # id(option) -> its figures at each ratio (measure_option_scaled)
+    over = Overheads.on(tensors[0].device if tensors else next(block.parameters(), torch.empty(0)).device)
 
     def measure(opt: Option, cost: float, measured) -> None:
         scratch[:] = _scratch(caches)
@@ -393,6 +399,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             args, kwargs = call.rebuild(ts, tuple(scratch))
             fn, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
             out, recs = record_kept_forward(fn, *args, **kwargs)
+            mark_held_elsewhere(recs, cache_held())  # the cache's entries: no selective option's to pay for
             records.extend(recs)
             return out
         out = updates.run(block, values, forward)[0]
@@ -405,9 +412,10 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
     else:
         ckpt = Option(OptionKind.CHECKPOINTED, BlockOption(OptionKind.CHECKPOINTED.value, 0.0, 0, 0, 0),
                       _checkpointed_runner(call, updates))
-        candidates = [(ckpt, checkpointed_cost(records))]
-        chosen = selective_options(records) if policies is None else \
-            [(name, saved, selective_cost(records, saved)) for name, saved in policies]
+        candidates = [(ckpt, checkpointed_cost(records, over))]
+        fractions = SELECTIVE_FRACTIONS if compiled is None else COMPILED_SELECTIVE_FRACTIONS
+        chosen = selective_options(records, fractions, over) if policies is None else \
+            [(name, saved, selective_cost(records, saved, over)) for name, saved in policies]
         for name, saved, cost in chosen:
             opt = Option(OptionKind.SELECTIVE, BlockOption(name, 0.0, 0, 0, 0), _selective_runner(call, saved, updates))
             derived.append((opt, saved, cost))
@@ -433,8 +441,11 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
                 scratch.clear()
                 notes.append(f"{opt.figures.name} did not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
     measured_options = list(options)
+    whole = whole_option(options)
     for opt, saved, cost in derived:
-        figures = _derived(options[0].figures, whole_option(options).figures, records, saved)
+        if compiled is None and whole.kind is OptionKind.CHECKPOINTED and cost >= whole.figures.cost:
+            continue  # no cheaper than checkpointing, and holding more: never chosen (its policy's overhead)
+        figures = _derived(options[0].figures, whole.figures, records, saved)
         if figures is not None:
             opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
             options.append(opt)
@@ -443,7 +454,8 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         if refusal:
             notes.append(f"runs its eager options under compile=True: {refusal}")
         else:
-            options = _compiled_options(block, call, tensors, options, records, dict(policy_list), compiled, notes)
+            options = _compiled_options(block, call, tensors, options, records, dict(policy_list), compiled, notes,
+                                        over)
             measured_options = []  # no bounds at other lengths for compiled options: each shape is measured
     scaled = None
     if scale is not None and measured_options and \
@@ -474,7 +486,7 @@ def _compile_refusal(caches: tuple, draws: bool, updates: BufferUpdates) -> str:
 
 
 def _compiled_options(block, call: BlockCall, tensors, options: list[Option], records: list[OpRecord],
-                      policies: dict[str, frozenset], compiled, notes: list[str]) -> list[Option]:
+                      policies: dict[str, frozenset], compiled, notes: list[str], over: Overheads) -> list[Option]:
     """The options with their kept, checkpointed and selective ones replaced by compiled ones, each compiled on one
     forward and backward of the block and measured on another (compiled_options.measure_compiled); where the block
     does not compile whole, or a selective policy names other operators under torch.compile than in the eager
@@ -513,7 +525,7 @@ def _compiled_options(block, call: BlockCall, tensors, options: list[Option], re
         seen.add(figures)
         cost = opt.figures.cost
         if opt.kind is OptionKind.SELECTIVE:  # the policy runs at trace time only
-            cost = max(0.0, cost - SELECTIVE_OVERHEAD_FLOPS * len(records))
+            cost = max(0.0, cost - over.selective_op * len(records))
         out.append(Option(opt.kind, BlockOption(COMPILED_PREFIX + name, float(cost), *figures), run,
                           measuring_run=opt.measuring_run or opt.run))
     if failed:  # all eager, not a mix of compiled options and the one that failed
@@ -553,15 +565,16 @@ def whole_option(options: list[Option]) -> Option:
 def _derived(kept: BlockOption, ckpt: BlockOption, records: list[OpRecord], saved: frozenset) -> BlockOption | None:
     """Bounds on a selective option's figures from this shape's kept and checkpointed ones and its recording (None
     where the recording lacks an operator the policy keeps: the block took another path). It stashes what
-    checkpointing does and the outputs it keeps (selective checkpointing holds exactly those); its forward holds no
+    checkpointing does and the outputs it keeps (selective checkpointing holds exactly those) but those a cache holds
+    anyway (`OpRecord.held_elsewhere`); its forward holds no
     more than checkpointing's and that stash, nor, where autograd keeps all it keeps, than keeping everything; its
     backward recomputes what the block's backward reads, as checkpointing's does, holding besides, until the
     recomputation has used them, the kept outputs autograd does not keep."""
     by = {(r.func, r.occurrence): r for r in records}
     if any(k not in by for k in saved):
         return None
-    kept_bytes = sum(by[k].out_bytes for k in saved)
-    extra = sum(by[k].out_bytes for k in saved if not by[k].needed)
+    kept_bytes = sum(by[k].out_bytes for k in saved if not by[k].held_elsewhere)
+    extra = sum(by[k].out_bytes for k in saved if not by[k].needed and not by[k].held_elsewhere)
     stash = ckpt.stash_bytes + kept_bytes
     forward = ckpt.forward_bytes + stash if extra else min(kept.forward_bytes, ckpt.forward_bytes + stash)
     return BlockOption("", 0.0, stash, forward, max(kept.backward_bytes, ckpt.backward_bytes) + extra)
@@ -584,56 +597,6 @@ def _traced_options(block, call: BlockCall, tensors, caches: tuple, time_limit_s
         notes.append(f"the block could not be traced ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
         return [], 0
     return _planned_options(region, sample, PlanningProblem(traced), time_limit_s, cut), traced.graph.n
-
-
-# A selective option runs a Python save policy on every operator of the block's forward and of its recomputation:
-# some 23 microseconds an operator, measured on this project's CPU machine (2026-12-07: a chain of 150 small operators
-# checkpointed with and without a policy), where one core runs about 1e11 FLOP/s; this many FLOPs an operator stand
-# for it, so that a selective option keeping little is not ranked ahead of plain checkpointing.
-SELECTIVE_OVERHEAD_FLOPS = 2e6
-
-
-def op_cost(r: OpRecord) -> float:
-    """What running one recorded operator again costs in the ranking's unit (`_recompute_cost` under FLOPs)."""
-    return float(r.flops) + FLOPS_PER_BYTE * r.written_bytes
-
-
-def recomputed(records: list[OpRecord]) -> list[OpRecord]:
-    """The operators a recomputation runs: up to the last whose output autograd keeps (torch.utils.checkpoint stops
-    there)."""
-    last = max((i for i, r in enumerate(records) if r.needed), default=-1)
-    return records[:last + 1]
-
-
-def checkpointed_cost(records: list[OpRecord]) -> float:
-    return sum(op_cost(r) for r in recomputed(records))
-
-
-def selective_options(records: list[OpRecord]) -> list[tuple[str, frozenset, float]]:
-    """(name, the (func, occurrence) pairs to keep, recompute cost) of each selective option: for each of
-    SELECTIVE_FRACTIONS of the bytes of the savable operators' outputs (those a recomputation runs), the knapsack's
-    most recompute saved within it; options keeping nothing, or what a larger fraction keeps, left out."""
-    savable = [r for r in recomputed(records) if r.savable and r.out_bytes > 0]
-    total = sum(r.out_bytes for r in savable)
-    if not savable or total <= 0:
-        return []
-    picks = knapsack([r.out_bytes for r in savable], [op_cost(r) for r in savable],
-                     [int(f * total) for f in SELECTIVE_FRACTIONS])
-    out, seen = [], set()
-    for frac, pick in zip(SELECTIVE_FRACTIONS, picks):
-        saved = frozenset((savable[i].func, savable[i].occurrence) for i in pick)
-        if not saved or saved in seen:
-            continue
-        seen.add(saved)
-        out.append((f"{OptionKind.SELECTIVE.value}@{frac:g}", saved, selective_cost(records, saved)))
-    return out
-
-
-def selective_cost(records: list[OpRecord], saved: frozenset) -> float:
-    """What a selective option keeping `saved` computes again (every operator it does not keep runs again), and its
-    policy's overhead on every operator."""
-    again = sum(op_cost(r) for r in recomputed(records) if (r.func, r.occurrence) not in saved)
-    return again + SELECTIVE_OVERHEAD_FLOPS * len(records)
 
 
 def _scratch(caches: tuple) -> tuple:

@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_leaves
 
 from capture.call import FlatCall
 from capture.kv_cache import cache_tensors, is_cache
-from capture.measure_memory import local_tensor, storage_bytes
+from capture.measure_memory import local_tensor, module_tensors, storage_bytes
 from capture.state import autocast_as, autocast_state, cuda_devices_in_use
 from graphs.errors import ArgumentError, InfeasibleBudgetError
 from planner.core.arguments import choice_arg, flag_arg, module_arg, progress_arg, resolve_blocks
@@ -507,25 +507,22 @@ class InPlaceController:
             if isinstance(blk.__dict__.get("forward"), _BlockForward):
                 del blk.__dict__["forward"]
 
-    def _root_key(self, args, kwargs) -> tuple:
+    def _root_key(self, args, kwargs, params: list) -> tuple:
         """The key of a training call: its structure, its non-tensor values (an unhashable one by its type alone),
         its tensors' shapes, dtypes, devices and which require grad, the autocast state, the parameters' flags."""
         flat, _ = FlatCall.of(args, kwargs, strides=False, by_id=False)
-        params = tuple((p.requires_grad, str(p.dtype)) for p in self.model.parameters())
-        return (flat.key, autocast_state(), params)
+        return (flat.key, autocast_state(), tuple((p.requires_grad, p.dtype) for p in params))
 
-    def _resident_bytes(self, args, kwargs) -> int:
+    def _resident_bytes(self, args, kwargs, params: list, buffers: list) -> int:
         """What the step holds before it starts: the parameters, buffers, gradients and inputs, and where DDP runs the
         model (`_ddp_calling`), its gradient buckets (`ddp_bucket_bytes`), which exist from its construction (and are
         made again, the old ones freed, at its second step); where the gradients are views of the buckets
         (`gradient_as_bucket_view`) they are counted once."""
-        m = self.model
-        ddp = _ddp_calling(m)
+        ddp = _ddp_calling(self.model)
         self.ddp_bucket_bytes = 0 if ddp is None else _bucket_bytes(ddp)
         in_buckets = ddp is not None and ddp.gradient_as_bucket_view
-        grads = [] if in_buckets else [p.grad for p in m.parameters() if p.grad is not None]
-        inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
-        return storage_bytes([*m.parameters(), *m.buffers(), *grads, *inputs]) + self.ddp_bucket_bytes
+        grads = [] if in_buckets else [p.grad for p in params if p.grad is not None]
+        return storage_bytes([*params, *buffers, *grads, args, kwargs]) + self.ddp_bucket_bytes
 
     def _stop_probes(self) -> None:
         if self._step is not None and self._step.probe is not None:
@@ -562,8 +559,9 @@ class InPlaceController:
         self._stop_probes()
         if not (torch.is_grad_enabled() and module.training):
             return None
-        root_key = self._root_key(args, kwargs)
-        step = _Step(root_key, self._resident_bytes(args, kwargs), StepMode.PLANNED)
+        params, buffers = module_tensors(self.model)  # one walk of the model a call (FSDP2 swaps them between calls)
+        root_key = self._root_key(args, kwargs, params)
+        step = _Step(root_key, self._resident_bytes(args, kwargs, params, buffers), StepMode.PLANNED)
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         step.scale = _scale_of(root_key)
         if not any(k[0] == root_key for k in self.measured):

@@ -179,10 +179,10 @@ def test_selective_blocks_with_the_default_cache_train_as_eager(enable, monkeypa
     """Selective blocks (their policy's overhead taken as free: at this width it outweighs every recompute saved) run
     the cache's update in their forward, and their recomputation answers it from the record without the save policy
     seeing either (capture.kv_cache): parameters and the cache as eager's."""
-    import planner.inplace.block_region as region_module
+    import planner.inplace.option_costs as option_costs
     from capture.measure_memory import StorageTracker, storage_bytes
 
-    monkeypatch.setattr(region_module, "SELECTIVE_OVERHEAD_FLOPS", 0.0)
+    monkeypatch.setattr(option_costs, "SELECTIVE_OP_SECONDS", 0.0)
     model, batch = _model("qwen2"), _batch()
     low = measure_peak_bytes(per_block_checkpointed(model), batch)
     tracker = StorageTracker()

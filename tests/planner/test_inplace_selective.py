@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import planner
-import planner.inplace.block_region as region_module
+import planner.inplace.option_costs as option_costs
 from capture.measure_memory import StorageTracker, storage_bytes
 from planner.inplace.block_region import BlockCall, OptionKind, profile_block
 from planner.tools.baselines import per_block_checkpointed
@@ -48,7 +48,10 @@ def _step(block, run, tensors, seed):
     return hidden.detach(), grads
 
 
-def test_every_selective_option_is_the_blocks_own_forward_dropout_included():
+def test_every_selective_option_is_the_blocks_own_forward_dropout_included(monkeypatch):
+    # the policy's overhead taken as free: at this tiny width every selective option costs more than checkpointing
+    # and would be left out as never chosen
+    monkeypatch.setattr(option_costs, "SELECTIVE_OP_SECONDS", 0.0)
     model, batch = build("gpt2", "test")  # GPT-2's default dropout in every block
     block, args, kwargs = _first_block_call(model, batch)
     call, tensors = BlockCall.of(block, args, kwargs)
@@ -85,7 +88,7 @@ def test_the_chain_runs_selective_blocks_within_the_budget_and_trains_as_eager(m
     """With the policy's overhead taken as free (at this tiny width it outweighs every recompute saved), a budget
     between per-block checkpointing's peak and eager's is met with selective blocks; AdamW steps equal eager's, and
     a shorter batch (covered by the first) runs the same policies."""
-    monkeypatch.setattr(region_module, "SELECTIVE_OVERHEAD_FLOPS", 0.0)
+    monkeypatch.setattr(option_costs, "SELECTIVE_OP_SECONDS", 0.0)
     model, batch = build("llama", "test")
     batch["labels"] = batch["input_ids"].clone()
     twin = copy.deepcopy(model)
@@ -118,7 +121,7 @@ def test_bart_with_its_decoder_layers_as_blocks_trains_as_eager(monkeypatch):
     so that selective blocks are chosen: 3 AdamW steps torch.equal to eager's, dropout on."""
     import transformers as T
 
-    monkeypatch.setattr(region_module, "SELECTIVE_OVERHEAD_FLOPS", 0.0)
+    monkeypatch.setattr(option_costs, "SELECTIVE_OP_SECONDS", 0.0)
     config = T.BartConfig(vocab_size=128, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2,
                           decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
                           max_position_embeddings=64, dropout=0.1)
@@ -142,3 +145,17 @@ def test_bart_with_its_decoder_layers_as_blocks_trains_as_eager(monkeypatch):
         assert state.records[-1].mode == "planned" and set(state.records[-1].options) != {"kept"}, state.explain()
     finally:
         planner.disable(model)
+
+
+def test_selective_options_no_cheaper_than_checkpointing_are_left_out(monkeypatch):
+    """At a tiny width the policy's overhead (option_costs) outweighs every recompute a selective option saves: no
+    selective option is offered, as the chain would never choose one; free of that overhead they are."""
+    model, batch = build("llama", "test")
+    block, args, kwargs = _first_block_call(model, batch)
+    call, tensors = BlockCall.of(block, args, kwargs)
+    prof = profile_block(block, call, tensors, time_limit_s=2.0)
+    assert any(o.kind is OptionKind.CHECKPOINTED for o in prof.options)
+    assert not any(o.kind is OptionKind.SELECTIVE for o in prof.options), prof.figures
+    monkeypatch.setattr(option_costs, "SELECTIVE_OP_SECONDS", 0.0)
+    prof = profile_block(block, call, tensors, time_limit_s=2.0)
+    assert any(o.kind is OptionKind.SELECTIVE for o in prof.options)
