@@ -21,7 +21,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -46,11 +46,6 @@ class OpRecord:
     # (bytes, dimensions) of each new storage its outputs hold (the dimensions of the tensor that holds it): what a
     # bound at another input size scales (planner.inplace.scaling)
     new_sizes: tuple = ()
-    # weak references to those storages (`mark_held_elsewhere` asks them after the forward)
-    storages: tuple = field(default=(), compare=False, repr=False)
-    # its outputs are held after the forward by something else than autograd (a key/value cache): keeping them
-    # costs nothing more (`mark_held_elsewhere`)
-    held_elsewhere: bool = False
 
     @property
     def name(self) -> str:
@@ -104,15 +99,6 @@ def _recorded(fn, args, kwargs, keep: bool):
     return out, recorder.records
 
 
-def mark_held_elsewhere(records: list[OpRecord], held) -> None:
-    """Mark the records whose every new storage is one of `held`'s (tensors something besides autograd holds after
-    the forward: a key/value cache's entries)."""
-    keys = {StorageWeakRef(t.untyped_storage()) for t in tree_leaves(held) if isinstance(t, torch.Tensor)}
-    for r in records:
-        if r.storages and all(k in keys for k in r.storages):
-            r.held_elsewhere = True
-
-
 class OpRecorder(TorchDispatchMode):
     """Records the operators run under it (see the module docstring) into `records`, in order."""
 
@@ -154,8 +140,7 @@ class OpRecorder(TorchDispatchMode):
             why = "an output aliases an input"
         index = len(self.records)
         sizes = tuple((int(t.untyped_storage().nbytes()), tuple(t.shape)) for t in new.values())
-        self.records.append(OpRecord(func, k, out_bytes, written, flops, not why, why, new_sizes=sizes,
-                                     storages=tuple(new)))
+        self.records.append(OpRecord(func, k, out_bytes, written, flops, not why, why, new_sizes=sizes))
         for key in new:
             self._made_by.setdefault(key, index)
         return out

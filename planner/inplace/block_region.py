@@ -46,7 +46,7 @@ from capture.call import TENSOR, FlatCall
 from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import named_parameters, storage_bytes
 from capture.module_tags import node_modules, trace_model
-from capture.op_record import OpRecord, mark_held_elsewhere, record_kept_forward
+from capture.op_record import OpRecord, record_kept_forward
 from capture.state import autocast_state, host_rng_state, restored, same_host_rng
 from graphs.errors import NoSolutionInTimeError, RematError
 from graphs.simulate import reference_peak_bytes
@@ -399,7 +399,6 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
             args, kwargs = call.rebuild(ts, tuple(scratch))
             fn, args, kwargs = recompute_without_cache_updates(original_forward(block), args, kwargs)
             out, recs = record_kept_forward(fn, *args, **kwargs)
-            mark_held_elsewhere(recs, cache_held())  # the cache's entries: no selective option's to pay for
             records.extend(recs)
             return out
         out = updates.run(block, values, forward)[0]
@@ -538,7 +537,10 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
     selective ones derived from those and the recording's outputs at that ratio (`_derived`); None where a selective
     option's derivation fails at a ratio (it does where it fails at the profiled shape)."""
     by_opt = {id(o): derived_saved for o, derived_saved, _ in derived}
-    degrees = [[(nbytes, scaling.size_degree(dims, scale)) for nbytes, dims in r.new_sizes] for r in records]
+    measured_ids = {id(o) for o in measured}
+    any_derived = any(id(o) not in measured_ids for o in options)
+    degrees = [[(nbytes, scaling.size_degree(dims, scale)) for nbytes, dims in r.new_sizes] for r in records] \
+        if any_derived else []
     out = []
     for j in range(len(scaling.RATIOS)):
         recs = [replace(r, out_bytes=sum(scaling.scaled(b, k)[j] for b, k in d)) for r, d in zip(records, degrees)]
@@ -565,16 +567,15 @@ def whole_option(options: list[Option]) -> Option:
 def _derived(kept: BlockOption, ckpt: BlockOption, records: list[OpRecord], saved: frozenset) -> BlockOption | None:
     """Bounds on a selective option's figures from this shape's kept and checkpointed ones and its recording (None
     where the recording lacks an operator the policy keeps: the block took another path). It stashes what
-    checkpointing does and the outputs it keeps (selective checkpointing holds exactly those) but those a cache holds
-    anyway (`OpRecord.held_elsewhere`); its forward holds no
+    checkpointing does and the outputs it keeps (selective checkpointing holds exactly those); its forward holds no
     more than checkpointing's and that stash, nor, where autograd keeps all it keeps, than keeping everything; its
     backward recomputes what the block's backward reads, as checkpointing's does, holding besides, until the
     recomputation has used them, the kept outputs autograd does not keep."""
     by = {(r.func, r.occurrence): r for r in records}
     if any(k not in by for k in saved):
         return None
-    kept_bytes = sum(by[k].out_bytes for k in saved if not by[k].held_elsewhere)
-    extra = sum(by[k].out_bytes for k in saved if not by[k].needed and not by[k].held_elsewhere)
+    kept_bytes = sum(by[k].out_bytes for k in saved)
+    extra = sum(by[k].out_bytes for k in saved if not by[k].needed)
     stash = ckpt.stash_bytes + kept_bytes
     forward = ckpt.forward_bytes + stash if extra else min(kept.forward_bytes, ckpt.forward_bytes + stash)
     return BlockOption("", 0.0, stash, forward, max(kept.backward_bytes, ckpt.backward_bytes) + extra)

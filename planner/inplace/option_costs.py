@@ -77,11 +77,10 @@ def selective_cost(records: list[OpRecord], saved: frozenset, over: Overheads) -
 
 def selective_options(records: list[OpRecord], fractions, over: Overheads) -> list[tuple[str, frozenset, float]]:
     """(name, the (func, occurrence) pairs to keep, cost) of each selective option: for each of `fractions` of the
-    bytes of the savable operators' outputs (those a recomputation runs; an output a cache holds anyway weighs
-    nothing), the knapsack's most recompute saved within it; options keeping nothing, or what a larger fraction
-    keeps, left out."""
+    bytes of the savable operators' outputs (those a recomputation runs), the knapsack's most recompute saved within
+    it; options keeping nothing, or what a larger fraction keeps, left out."""
     savable = [r for r in recomputed(records) if r.savable and r.out_bytes > 0]
-    weights = [0 if r.held_elsewhere else r.out_bytes for r in savable]  # a cache holds those anyway
+    weights = [r.out_bytes for r in savable]
     total = sum(weights)
     if not savable or total <= 0:
         return []

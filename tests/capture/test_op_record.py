@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from capture.op_record import mark_held_elsewhere, record_forward, record_kept_forward
+from capture.op_record import record_forward, record_kept_forward
 
 aten = torch.ops.aten
 
@@ -68,19 +68,3 @@ def test_attention_without_dropout_may_be_kept_and_is_priced():
     _, records = record_forward(lambda q: sdpa(q, q, q, dropout_p=0.5), q)
     assert not any(r.savable for r in records if torch.Tag.nondeterministic_seeded in r.func.tags)
 
-
-def test_outputs_a_cache_holds_are_marked_held_elsewhere():
-    torch.manual_seed(0)
-    lin = torch.nn.Linear(4, 4)
-    x = torch.randn(2, 4, requires_grad=True)
-    cache = []
-
-    def forward(x):
-        v = lin(x)
-        cache.append(v)  # as a key/value cache keeps the value projection
-        return torch.relu(v * 2).sum()
-
-    _, records = record_kept_forward(forward, x)
-    mark_held_elsewhere(records, cache)
-    held = [r.func for r in records if r.held_elsewhere]
-    assert held == [aten.addmm.default]
