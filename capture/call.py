@@ -98,9 +98,20 @@ class _TensorSlot:
 TENSOR = _TensorSlot()
 
 
+_NAMES: dict = {}  # dtype or device -> its name (str() of either costs more than a dictionary's lookup)
+
+
+def _name(x) -> str:
+    name = _NAMES.get(x)
+    if name is None:
+        name = _NAMES[x] = str(x)
+    return name
+
+
 def tensor_meta(t: torch.Tensor, strides: bool = True) -> tuple:
     """(shape, strides, dtype, device, requires_grad) of a tensor, strides left out with strides=False."""
-    return (tuple(t.shape), *((tuple(t.stride()),) if strides else ()), str(t.dtype), str(t.device), t.requires_grad)
+    return (tuple(t.shape), *((tuple(t.stride()),) if strides else ()), _name(t.dtype), _name(t.device),
+            t.requires_grad)
 
 
 @dataclass(frozen=True)

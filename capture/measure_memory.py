@@ -72,7 +72,9 @@ class StorageTracker(TorchDispatchMode):
                 for t in tree_leaves((args, kwargs or {}))
                 if isinstance(t, torch.Tensor)
             }
-        for t in tree_leaves(out):
+        for t in (out,) if isinstance(out, torch.Tensor) else \
+                out if type(out) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in out) else \
+                tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
             st = t.untyped_storage()
