@@ -33,6 +33,7 @@ few budgets.
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -542,8 +543,9 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
     degrees = [[(nbytes, scaling.size_degree(dims, scale)) for nbytes, dims in r.new_sizes] for r in records] \
         if any_derived else []
     out = []
+    scaled_bytes = [[sum(c) for c in zip(*(scaling.scaled(b, k) for b, k in d))] if d else None for d in degrees]
     for j in range(len(scaling.RATIOS)):
-        recs = [replace(r, out_bytes=sum(scaling.scaled(b, k)[j] for b, k in d)) for r, d in zip(records, degrees)]
+        recs = [_with_out_bytes(r, sb[j] if sb else 0) for r, sb in zip(records, scaled_bytes)]
         figs = {id(o): BlockOption(o.figures.name, o.figures.cost, *columns[id(o)][j]) for o in measured}
         kept, whole = figs[id(measured[0])], figs[id(whole_option(measured))]
         row = []
@@ -557,6 +559,14 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
                 row.append(replace(f, name=o.figures.name, cost=o.figures.cost))
         out.append(row)
     return out
+
+
+def _with_out_bytes(r: OpRecord, out_bytes: int) -> OpRecord:
+    """`r` with `out_bytes` (a shallow copy: dataclasses.replace costs several times more, called per record and
+    ratio)."""
+    c = copy.copy(r)
+    c.out_bytes = out_bytes
+    return c
 
 
 def whole_option(options: list[Option]) -> Option:
