@@ -565,23 +565,27 @@ class InPlaceController:
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         step.scale = _scale_of(root_key)
         if not any(k[0] == root_key for k in self.measured):
-            if root_key not in self.uncovered:
-                step.cover, step.column = self._covering(root_key)
-            if step.cover is not None and step.column is not None and not self._bounded_choice(step):
-                step.cover = step.column = None  # no choice fits the bounds: this call measures
+            for cover, column in self._covering(root_key) if root_key not in self.uncovered else ():
+                step.cover, step.column = cover, column
+                if column is None or self._bounded_choice(step):
+                    break
+                step.cover = step.column = None  # no choice fits these bounds: the next, else this call measures
             if step.cover is None:
                 self._start_measuring(step)
         self._step = step
         return None
 
-    def _covering(self, root_key: tuple) -> tuple[tuple | None, int | None]:
-        """(the measured root key whose figures bound this call's, None) where one of this call's structure has every
-        tensor dimension at least this call's (the least such, by elements); else (a measured root key, a column j)
-        where the call is no larger than that one with its dimensions equal to its scale made scaling.RATIOS[j] times
-        longer (the least such); else (None, None). A transformer's memory grows with its sequence length and batch,
-        so the whole-block options chosen within the budget there hold no more here: a shorter batch of a stream is
-        run without measuring or profiling anything, and a longer one within the bounds of a measured one too."""
-        found = [(_elements(rk), 0, rk, None) for rk, _ in self.measured if _covers(rk, root_key)]
+    def _covering(self, root_key: tuple) -> list[tuple[tuple, int | None]]:
+        """The measured calls whose figures bound this call's, the tightest first: (a measured root key, None) where
+        one of this call's structure has every tensor dimension at least this call's, and (a measured root key, a
+        column j) where the call is no larger than that one with its dimensions equal to its scale made
+        scaling.RATIOS[j] times longer; the least bounding shape (by elements) first, at equal elements the least
+        ratio (an exact cover's before any); a call tries them in turn until one's bounds admit a choice. A
+        transformer's memory grows with its sequence length and batch, so the whole-block options chosen within the
+        budget there hold no more here: a shorter batch of a stream is run without measuring or profiling anything,
+        and a longer one within the bounds of a measured one too."""
+        # by the bounding shape's elements, then by the ratio (an exact cover's 0 first)
+        found = [(_elements(rk), 0.0, rk, None) for rk, _ in self.measured if _covers(rk, root_key)]
         for (rk, keys), m in self.measured.items():
             if m.cols is None or m.tail_backward is None or not all(
                     self.profiles[k].scaled is not None for k in keys if k in self.profiles) \
@@ -590,12 +594,10 @@ class InPlaceController:
             for j, r in enumerate(scaling.RATIOS):
                 big = _scaled_key(rk, m.scale, r)
                 if _covers(big, root_key):
-                    found.append((_elements(big), 1, rk, j))
+                    found.append((_elements(big), r, rk, j))
                     break
-        if not found:
-            return None, None
-        _, _, rk, j = min(found, key=lambda f: f[:2])
-        return rk, j
+        found.sort(key=lambda f: f[:2])
+        return [(rk, j) for _, _, rk, j in found]
 
     def _cover_keys(self, cover: tuple) -> tuple | None:
         """The blocks' keys of the latest measured call of root key `cover`."""

@@ -144,3 +144,21 @@ def test_a_longer_length_measured_after_a_short_first_call_trains_at_its_budget(
         _step(model, opt_p, batch, k)
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters())), k
     assert [r.mode for r in state.records][-1] == "planned"
+
+
+def test_a_call_tries_each_measured_call_that_bounds_it():
+    """After calls of 32 and 64 tokens both measured, a call of 60 is bounded by 32's measurement at ratio 1.875
+    (the smaller bounding shape, tried first), whose bounds admit no choice at this budget, and by 64's, which
+    covers it: it runs planned from 64's figures, nothing measured, within the budget and as eager."""
+    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=256)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config).train()
+    longest = _rows(64, 1)
+    budget, state, eager, checked, opt_e, opt_p = _enabled_midway(model, longest)
+    for k, batch in enumerate([_rows(32, 0), longest, _rows(60, 2)]):
+        assert measure_peak_bytes(checked, batch) <= budget, k
+        _step(eager, opt_e, batch, k)
+        _step(model, opt_p, batch, k)
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters())), k
+    assert [r.mode for r in state.records] == ["measure", "measure", "planned"]
