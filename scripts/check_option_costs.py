@@ -4,9 +4,9 @@
         [--out docs/results/option_costs.json]
 
 For each model and size (scripts/bench_peers.py builds them: transformers decoders from their configs with the
-library's defaults), the first decoder layer's call is caught on one forward; the layer is profiled as `enable()`
-profiles it (planner.inplace.block_region.profile_block), and each of its options (kept, checkpointed, every
-selective option) runs one forward and backward from fresh leaves, `--repeats` rounds in a shuffled order each
+library's defaults), the first decoder layer's call is caught on one forward, stopped there; the layer is profiled
+as `enable()` profiles it (planner.inplace.block_region.profile_block), and each of its options (kept, checkpointed,
+every selective option) runs one forward and backward from fresh leaves, `--repeats` rounds in a shuffled order each
 round. Reported per option: the predicted cost (planner.inplace.option_costs, FLOPs), the medians of its forward and
 backward seconds, and its extra time over kept; per block, the Spearman rank correlation between predicted cost and
 measured extra time, and, for every pair of options whose measured extra times differ by more than `--margin`
@@ -30,13 +30,26 @@ from planner.inplace.block_region import BlockCall, profile_block  # noqa: E402
 from scripts.bench_peers import build  # noqa: E402
 
 
+class _Caught(Exception):
+    pass
+
+
 def _block_call(model: torch.nn.Module, batch: dict):
+    """The first decoder layer, its call and tensors as a training step gives them: the forward is stopped there, so
+    the key/value cache among its arguments holds nothing yet (a finished forward would have filled it)."""
     layer = model.model.layers[0]
     got = {}
-    handle = layer.register_forward_pre_hook(lambda m, a, k: got.setdefault("call", (a, k)), with_kwargs=True)
+
+    def catch(_module, args, kwargs):
+        got["call"] = (args, kwargs)
+        raise _Caught
+
+    handle = layer.register_forward_pre_hook(catch, with_kwargs=True)
     try:
         with torch.no_grad():
             model(**batch)
+    except _Caught:
+        pass
     finally:
         handle.remove()
     call, tensors = BlockCall.of(layer, *got["call"])
