@@ -33,7 +33,6 @@ few budgets.
 """
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -442,10 +441,11 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
                 notes.append(f"{opt.figures.name} did not run ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
     measured_options = list(options)
     whole = whole_option(options)
+    sizes = _output_sizes(records)
     for opt, saved, cost in derived:
         if compiled is None and whole.kind is OptionKind.CHECKPOINTED and cost >= whole.figures.cost:
             continue  # no cheaper than checkpointing, and holding more: never chosen (its policy's overhead)
-        figures = _derived(options[0].figures, whole.figures, records, saved)
+        figures = _derived(options[0].figures, whole.figures, sizes, saved)
         if figures is not None:
             opt.figures = replace(figures, name=opt.figures.name, cost=float(cost))
             options.append(opt)
@@ -540,12 +540,13 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
     by_opt = {id(o): derived_saved for o, derived_saved, _ in derived}
     measured_ids = {id(o) for o in measured}
     any_derived = any(id(o) not in measured_ids for o in options)
-    degrees = [[(nbytes, scaling.size_degree(dims, scale)) for nbytes, dims in r.new_sizes] for r in records] \
-        if any_derived else []
+    # each record's outputs' bytes at every ratio, where a selective option is derived from them
+    scaled_bytes = [[sum(c) for c in zip(*(scaling.scaled(b, scaling.size_degree(dims, scale))
+                                           for b, dims in r.new_sizes))] or [0] * len(scaling.RATIOS)
+                    for r in records] if any_derived else []
     out = []
-    scaled_bytes = [[sum(c) for c in zip(*(scaling.scaled(b, k) for b, k in d))] if d else None for d in degrees]
     for j in range(len(scaling.RATIOS)):
-        recs = [_with_out_bytes(r, sb[j] if sb else 0) for r, sb in zip(records, scaled_bytes)]
+        sizes = _output_sizes(records, [sb[j] for sb in scaled_bytes]) if any_derived else {}
         figs = {id(o): BlockOption(o.figures.name, o.figures.cost, *columns[id(o)][j]) for o in measured}
         kept, whole = figs[id(measured[0])], figs[id(whole_option(measured))]
         row = []
@@ -553,7 +554,7 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
             if id(o) in figs:
                 row.append(figs[id(o)])
             else:
-                f = _derived(kept, whole, recs, by_opt[id(o)])
+                f = _derived(kept, whole, sizes, by_opt[id(o)])
                 if f is None:
                     return None
                 row.append(replace(f, name=o.figures.name, cost=o.figures.cost))
@@ -561,31 +562,29 @@ def _scaled_figures(options: list[Option], measured: list[Option], columns: dict
     return out
 
 
-def _with_out_bytes(r: OpRecord, out_bytes: int) -> OpRecord:
-    """`r` with `out_bytes` (a shallow copy: dataclasses.replace costs several times more, called per record and
-    ratio)."""
-    c = copy.copy(r)
-    c.out_bytes = out_bytes
-    return c
-
-
 def whole_option(options: list[Option]) -> Option:
     """The checkpointed option (the kept one where the block cannot be checkpointed)."""
     return next((o for o in options if o.kind is OptionKind.CHECKPOINTED), options[0])
 
 
-def _derived(kept: BlockOption, ckpt: BlockOption, records: list[OpRecord], saved: frozenset) -> BlockOption | None:
+def _output_sizes(records: list[OpRecord], out_bytes=None) -> dict:
+    """(func, occurrence) -> (its outputs' bytes, whether autograd keeps them): what `_derived` reads of a recording;
+    `out_bytes`, per record, replaces the recorded bytes (the recording's at another length)."""
+    sizes = (r.out_bytes for r in records) if out_bytes is None else out_bytes
+    return {(r.func, r.occurrence): (b, r.needed) for r, b in zip(records, sizes)}
+
+
+def _derived(kept: BlockOption, ckpt: BlockOption, by: dict, saved: frozenset) -> BlockOption | None:
     """Bounds on a selective option's figures from this shape's kept and checkpointed ones and its recording (None
     where the recording lacks an operator the policy keeps: the block took another path). It stashes what
     checkpointing does and the outputs it keeps (selective checkpointing holds exactly those); its forward holds no
     more than checkpointing's and that stash, nor, where autograd keeps all it keeps, than keeping everything; its
     backward recomputes what the block's backward reads, as checkpointing's does, holding besides, until the
     recomputation has used them, the kept outputs autograd does not keep."""
-    by = {(r.func, r.occurrence): r for r in records}
     if any(k not in by for k in saved):
         return None
-    kept_bytes = sum(by[k].out_bytes for k in saved)
-    extra = sum(by[k].out_bytes for k in saved if not by[k].needed)
+    kept_bytes = sum(by[k][0] for k in saved)
+    extra = sum(by[k][0] for k in saved if not by[k][1])
     stash = ckpt.stash_bytes + kept_bytes
     forward = ckpt.forward_bytes + stash if extra else min(kept.forward_bytes, ckpt.forward_bytes + stash)
     return BlockOption("", 0.0, stash, forward, max(kept.backward_bytes, ckpt.backward_bytes) + extra)
