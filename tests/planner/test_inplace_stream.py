@@ -123,6 +123,14 @@ def test_the_tracker_bounds_a_longer_calls_live_and_peak_bytes(longer):
         assert short.peak_bytes == plain.peak_bytes
 
 
+def _qwen2_width64() -> torch.nn.Module:
+    """A 2-layer Qwen2 of width 64 (vocabulary 256), the library's defaults otherwise, seed 0."""
+    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, vocab_size=256)
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config).train()
+
+
 def _rows(length: int, seed: int) -> dict:
     ids = torch.randint(1, 256, (1, length), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids, "labels": ids}
@@ -132,10 +140,7 @@ def test_a_longer_length_measured_after_a_short_first_call_trains_at_its_budget(
     """The first call is half as long as the later ones: the longer call measures (the first call's bounds fit no
     choice at this budget), and its blocks are profiled at their own shape, so the calls after it meet the budget
     (they were refused when the measured call's blocks got the short call's bounds as figures)."""
-    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=128, vocab_size=256)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).train()
+    model = _qwen2_width64()
     longest = _rows(64, 1)
     budget, state, eager, checked, opt_e, opt_p = _enabled_midway(model, longest)
     for k, batch in enumerate([_rows(32, 0), longest, _rows(64, 2), _rows(64, 3)]):
@@ -150,10 +155,7 @@ def test_a_call_tries_each_measured_call_that_bounds_it():
     """After calls of 32 and 64 tokens both measured, a call of 60 is bounded by 32's measurement at ratio 1.875
     (the smaller bounding shape, tried first), whose bounds admit no choice at this budget, and by 64's, which
     covers it: it runs planned from 64's figures, nothing measured, within the budget and as eager."""
-    config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=128, vocab_size=256)
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).train()
+    model = _qwen2_width64()
     longest = _rows(64, 1)
     budget, state, eager, checked, opt_e, opt_p = _enabled_midway(model, longest)
     for k, batch in enumerate([_rows(32, 0), longest, _rows(60, 2)]):
