@@ -375,7 +375,7 @@ def profile_block(block: torch.nn.Module, call: BlockCall, tensors: list[torch.T
         return [t for c in scratch for t in cache_tensors(c)]
 
     columns: dict[int, list] = {}  # id(option) -> its figures at each ratio (measure_option_scaled)
-    over = Overheads.on(tensors[0].device if tensors else next(block.parameters(), torch.empty(0)).device)
+    over = Overheads.on(tensors[0].device if tensors else next((p.device for p in block.parameters()), None))
 
     def measure(opt: Option, cost: float, measured) -> None:
         scratch[:] = _scratch(caches)
