@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from capture.state import host_rng_state, set_host_rng_state
+from capture.state import drew_from_host, host_rng_mark, host_rng_state, set_host_rng_state
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -40,28 +40,36 @@ class BufferUpdates:
 
 def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdates | None = None) -> Callable:
     """`forward` (the block's) as torch.utils.checkpoint is to run it, made for one checkpoint call: the user's state
-    is consumed and updated once, as eager does. Its first call (the forward) records Python's and numpy's generators
-    and copies the block's buffers that `updates` says the forward updates (all of them while it knows none), keeping
-    the copies of those the forward did update. Each later call (a recomputation) runs from the generators' recorded
-    states with fresh copies of those buffers in their place, then puts back the step's buffers and the generators as
-    they were before it. torch's generators are checkpoint's (preserve_rng_state)."""
-    saved: list = []  # this call's: [(Python's and numpy's states, {buffer name: its value before the forward})]
+    is consumed and updated once, as eager does. Its first call (the forward) records Python's and numpy's generators,
+    kept where the forward drew from them (capture.state.drew_from_host), and copies the block's buffers that `updates`
+    says the forward updates (all of them while it knows none), keeping the copies of those the forward did update.
+    Each later call (a recomputation) runs from the generators' recorded states with fresh copies of those buffers in
+    their place, then puts back the step's buffers and the generators as they were before it. torch's generators are
+    checkpoint's (preserve_rng_state)."""
+    # this call's: [(Python's and numpy's states where the forward drew, else None; {buffer name: its value before})]
+    saved: list = []
 
     def run(*args, **kwargs):
         if not saved:  # the forward
             names = updates.names if updates is not None else None
             before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names}
-            saved.append((host_rng_state(), before))
+            mark = host_rng_mark()
+            saved.append((mark[0], before))
             # values compared (a device sync each) only while no update is known: then the copies not updated go
             out, updated = (updates or BufferUpdates()).run(block, before if names is None else {}, forward, *args,
                                                              **kwargs)
-            if names is None:
-                saved[0] = (saved[0][0], {n: v for n, v in before.items() if n in updated})
+            # a forward that drew nothing from them leaves the generators alone in its recomputation, which runs as
+            # the forward did (checkpoint's contract)
+            host = mark[0] if drew_from_host(mark) else None
+            saved[0] = (host, before if names is not None else {n: v for n, v in before.items() if n in updated})
             return out
         host, before = saved[0]
-        now = host_rng_state()
+        if host is None and not before:
+            return forward(*args, **kwargs)
+        now = host_rng_state() if host is not None else None
         swapped = []
-        set_host_rng_state(host)
+        if host is not None:
+            set_host_rng_state(host)
         try:
             for name, value in before.items():
                 path, _, local = name.rpartition(".")
@@ -73,5 +81,6 @@ def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdat
         finally:
             for owner, local, value in reversed(swapped):
                 owner._buffers[local] = value
-            set_host_rng_state(now)
+            if now is not None:
+                set_host_rng_state(now)
     return run

@@ -283,3 +283,21 @@ def test_a_read_of_a_value_made_from_random_draws_is_refused_at_plan_time():
     model.eval()  # no draws in eval mode: it plans and runs as eager
     want = eager_state(model, x)
     assert_same_state(step_state(_plan(model, x).apply(model), x, seed=7), want)
+
+
+@pytest.mark.parametrize("draw", [None, "python", "numpy_uniform", "numpy_normal", "numpy_cached_normal"])
+def test_drew_from_host_tells_each_draw_of_the_global_generators(draw):
+    """The cheap check a checkpointed block's forward makes (numpy's generator read in place) says what comparing the
+    full states says, the normal taken from numpy's cached second value of a pair (no move of its MT19937 state)
+    included."""
+    from capture.state import drew_from_host, host_rng_mark
+
+    random.seed(1)
+    np.random.seed(1)
+    if draw == "numpy_cached_normal":
+        np.random.normal()  # a pair made, its second value cached
+    mark = host_rng_mark()
+    {"python": random.random, "numpy_uniform": np.random.random, "numpy_normal": np.random.normal,
+     "numpy_cached_normal": np.random.normal, None: lambda: None}[draw]()
+    assert drew_from_host(mark) == (draw is not None)
+    assert drew_from_host(mark) == (not same_host_rng(mark[0], host_rng_state()))
