@@ -103,10 +103,13 @@ class ScalingTracker(StorageTracker):
         self._by_degree = [0] * (MAX_DEGREE + 1)
         self._degree: dict[StorageWeakRef, int] = {}
         self._peak = [0.0] * len(RATIOS)
+        # live bytes by degree at the moments since the peaks were last folded in that may hold a ratio's peak (one
+        # dominated by the next is dropped as it comes): each op adds a tuple, not a reading at every ratio
+        self._pending: list[tuple[int, ...]] = []
         self._grew = False
 
-    def _live_floats(self) -> list[float]:
-        b0, b1, b2, b3 = self._by_degree
+    def _live_floats(self, by_degree=None) -> list[float]:
+        b0, b1, b2, b3 = self._by_degree if by_degree is None else by_degree
         return [b0 + b1 * p1 + b2 * p2 + b3 * p3 for _, p1, p2, p3 in _POWERS]
 
     def live_scaled(self) -> tuple[int, ...]:
@@ -114,10 +117,17 @@ class ScalingTracker(StorageTracker):
 
     @property
     def peak_scaled(self) -> tuple[int, ...]:
+        self._fold()
         return tuple(math.ceil(v) for v in self._peak)
+
+    def _fold(self) -> None:
+        for by_degree in self._pending:
+            self._peak = [max(a, b) for a, b in zip(self._peak, self._live_floats(by_degree))]
+        self._pending.clear()
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.live_bytes
+        self._pending.clear()
         self._peak = self._live_floats()
 
     def bytes_still_alive_scaled(self, storages) -> tuple[int, ...]:
@@ -148,7 +158,17 @@ class ScalingTracker(StorageTracker):
         super()._after_op()
         if self._grew:
             self._grew = False
-            self._peak = [max(a, b) for a, b in zip(self._peak, self._live_floats())]
+            now = tuple(self._by_degree)
+            pending = self._pending
+            if pending:
+                last = pending[-1]
+                if now[0] <= last[0] and now[1] <= last[1] and now[2] <= last[2] and now[3] <= last[3]:
+                    return  # no more at any ratio than the last
+                if now[0] >= last[0] and now[1] >= last[1] and now[2] >= last[2] and now[3] >= last[3]:
+                    pending.pop()  # at least as much at every ratio
+            pending.append(now)
+            if len(pending) > 64:
+                self._fold()
 
     def _release_scaled(self, key: StorageWeakRef, nbytes: int, k: int) -> None:
         self._tracked.pop(key, None)

@@ -123,6 +123,30 @@ def test_the_tracker_bounds_a_longer_calls_live_and_peak_bytes(longer):
         assert short.peak_bytes == plain.peak_bytes
 
 
+def test_the_trackers_peaks_are_the_most_read_after_any_operator():
+    """peak_scaled (folded from the moments kept as they come) equals, at every ratio, the most live_scaled() read
+    after any operator since the last reset_peak, through a forward with a reset and a backward."""
+    class EveryOp(scaling.ScalingTracker):
+        def _after_op(self):
+            super()._after_op()
+            self.most = [max(a, b) for a, b in zip(self.most, self.live_scaled())]
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 48)
+    tracker = EveryOp(40)
+    tracker.most = list(scaling.zero())
+    x = torch.randn(2, 40, 16, requires_grad=True)
+    with tracker:
+        q, k, v = lin(x).chunk(3, dim=-1)
+        scores = (q @ k.transpose(1, 2)).softmax(-1)
+        assert list(tracker.peak_scaled) == tracker.most
+        tracker.reset_peak()
+        tracker.most = list(tracker.live_scaled())
+        out = (scores @ v).relu().sum()
+        del q, k, v, scores
+        out.backward()
+    assert list(tracker.peak_scaled) == tracker.most and tracker.most[-1] > tracker.most[0] > 0
+
 def _qwen2_width64() -> torch.nn.Module:
     """A 2-layer Qwen2 of width 64 (vocabulary 256), the library's defaults otherwise, seed 0."""
     config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
