@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_leaves, tree_unflatten
 
-from capture.call import TENSOR, FlatCall
+from capture.call import TENSOR, FlatCall, tensor_meta
 from capture.kv_cache import cache_tensors, is_cache, reads_cache, recompute_without_cache_updates, scratch_copy
 from capture.measure_memory import named_parameters, storage_bytes
 from capture.module_tags import node_modules, trace_model
@@ -77,10 +77,15 @@ SELECTIVE_FRACTIONS = tuple(round(0.05 * k, 2) for k in range(19, 0, -1))
 COMPILED_SELECTIVE_FRACTIONS = (0.9, 0.75, 0.6, 0.45, 0.3, 0.15)
 
 
-def _state_key(block: torch.nn.Module) -> tuple:
-    """What a block's trace depends on besides its call: its mode, the autocast state, its parameters' flags."""
-    params = tuple((n, p.requires_grad, p.dtype, p.device) for n, p in named_parameters(block))
-    return (block.training, autocast_state(), params)
+def _state_key(block: torch.nn.Module, flags: tuple | None = None) -> tuple:
+    """What a block's trace depends on besides its call: its mode, the autocast state, its parameters' flags
+    (`parameter_flags(block)`, or `flags` where the caller has them)."""
+    return (block.training, autocast_state(), parameter_flags(block) if flags is None else flags)
+
+
+def parameter_flags(block: torch.nn.Module) -> tuple:
+    """The block's parameters by name, with whether each requires grad, its dtype and device."""
+    return tuple((n, p.requires_grad, p.dtype, p.device) for n, p in named_parameters(block))
 
 
 @dataclass(frozen=True)
@@ -102,13 +107,40 @@ class BlockCall:
         return self.flat.hashable
 
     @staticmethod
-    def of(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple["BlockCall", list[torch.Tensor]]:
+    def of(block: torch.nn.Module, args: tuple, kwargs: dict,
+           flags: tuple | None = None) -> tuple["BlockCall", list[torch.Tensor]]:
+        """The call and its tensors; `flags`, where the caller has them, the block's `parameter_flags`."""
         flat, tensors = FlatCall.of(args, kwargs)
         slots = tuple(i for i, c in enumerate(flat.constants) if is_cache(c))
         caches = tuple(flat.constants[i] for i in slots)
         if slots:
             flat = replace(flat, constants=tuple(None if i in slots else c for i, c in enumerate(flat.constants)))
-        return BlockCall(flat, (flat.key, _state_key(block)), slots, caches), tensors
+        return BlockCall(flat, (flat.key, _state_key(block, flags)), slots, caches), tensors
+
+    def again(self, block: torch.nn.Module, args: tuple, kwargs: dict, last: tuple,
+              flags: tuple) -> list[torch.Tensor] | None:
+        """The tensors of a call of `block` with `args` and `kwargs` where it is this call again (what `BlockCall.of`
+        would give, the key equal), read without flattening it: None unless every keyword argument is the object it
+        was in this call (`last`: the number of positional arguments it had, all tensors, its keyword arguments, and
+        their tensors in order), in the same order, each a tensor, a cache, None, a number, a string or a tuple of
+        those, every positional argument a tensor, and every tensor's metadata and the block's state (`flags` its
+        parameter flags) as this call's key has them. A decoder's layers are called so in turn: the next hidden
+        states, the same mask, positions and cache."""
+        last_nargs, last_kwargs, last_kw_tensors = last
+        if len(args) != last_nargs or tuple(kwargs) != tuple(last_kwargs):
+            return None
+        for k, v in kwargs.items():
+            if v is not last_kwargs[k] or not _immutable(v):
+                return None
+        if not all(type(a) is torch.Tensor for a in args):
+            return None
+        tensors = [*args, *last_kw_tensors]
+        if _state_key(block, flags) != self.key[1]:
+            return None
+        metas = [p for p in self.flat.key[1] if p[0] == "tensor"]
+        if len(metas) != len(tensors) or any(("tensor", *tensor_meta(t)) != m for t, m in zip(tensors, metas)):
+            return None
+        return tensors
 
     def bare(self) -> "BlockCall":
         """This call without its cache objects."""
@@ -123,6 +155,14 @@ class BlockCall:
         for i, c in zip(self.cache_slots, caches):
             leaves[i] = c
         return tree_unflatten(leaves, self.flat.spec)
+
+
+def _immutable(v) -> bool:
+    """Whether a keyword argument passed again as the same object is the same argument: a tensor (its metadata read
+    again), a cache (keyed by its class), None, a number, a string, or a tuple of those."""
+    if type(v) is tuple:
+        return all(_immutable(x) for x in v)
+    return v is None or type(v) in (torch.Tensor, bool, int, float, str) or is_cache(v)
 
 
 class _Region(torch.nn.Module):

@@ -64,6 +64,7 @@ from planner.inplace.block_region import (
     BlockProfile,
     OptionKind,
     original_forward,
+    parameter_flags,
     profile_block,
     structure_key,
     whole_option,
@@ -348,6 +349,9 @@ class _Step:
     scale: int | None = None  # the dimension of this call's inputs its readings are bounded at longer lengths of
     chosen: list = field(default_factory=list)  # the options run, by block (planned calls)
     last_output_node: object = None  # the last block's output's autograd node (planned calls)
+    # the last block call's BlockCall and what BlockCall.again reads of it: (call, (its number of positional
+    # arguments, its keyword arguments, their tensors)); the next block's call of the same form is read from it
+    last_call: tuple | None = None
 
 
 @dataclass
@@ -401,6 +405,10 @@ class InPlaceController:
         self.ddp_bucket_bytes = 0  # DDP's gradient buckets, counted in the step's resident bytes (`_resident_bytes`)
         self._release_hook = None  # the optimizer step pre-hook taking _open_probe off (_release_at_optimizer_step)
         self.plan_seconds = 0.0
+        # each block's parameter_flags, read at its first call since the model's parameters (which objects, their
+        # flags and devices) last changed: `_flags_token`
+        self._flags: dict[int, tuple] = {}
+        self._flags_token: tuple | None = None
 
     # ---- copying and pickling: the caches are rebuilt lazily -----------------------------------------------
     def __deepcopy__(self, memo):
@@ -561,6 +569,10 @@ class InPlaceController:
             return None
         params, buffers = module_tensors(self.model)  # one walk of the model a call (FSDP2 swaps them between calls)
         root_key = self._root_key(args, kwargs, params)
+        token = tuple((id(p), p.device) for p in params) + root_key[2]
+        if token != self._flags_token:
+            self._flags.clear()
+            self._flags_token = token
         step = _Step(root_key, self._resident_bytes(args, kwargs, params, buffers), StepMode.PLANNED)
         step.inputs = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
         step.scale = _scale_of(root_key)
@@ -690,6 +702,7 @@ class InPlaceController:
             if keys in seen:
                 seen.remove(keys)
             seen.append(keys)
+        step.last_call = None
         self.records.append(StepRecord(step.mode, _option_names(self, step), _predicted(step), self.budget_bytes))
         if step.mode is StepMode.MEASURE and (step.root_key, keys) in self.measured and keys:
             self._check_forward_fits(step.root_key, keys, step.resident_bytes)
@@ -932,7 +945,16 @@ class InPlaceController:
         if step is None or not torch.is_grad_enabled() or not block.training:
             return original_forward(block)(*args, **kwargs)
         i = len(step.keys)
-        call, tensors = BlockCall.of(block, args, kwargs)
+        flags = self._flags.get(id(block))
+        if flags is None:
+            flags = self._flags[id(block)] = parameter_flags(block)
+        last = step.last_call
+        tensors = last[0].again(block, args, kwargs, last[1], flags) if last is not None else None
+        if tensors is not None:
+            call = last[0]
+        else:
+            call, tensors = BlockCall.of(block, args, kwargs, flags)
+        step.last_call = (call, (len(args), kwargs, tensors[len(args):]))
         step.keys.append(call.key)
         if step.mode is StepMode.PLANNED and i == 0 and step.column is not None:
             # within a measured call's bounds, chosen at the call's start (`_bounded_choice`): its blocks' structure
