@@ -154,6 +154,11 @@ def module_tensors(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], li
     return list(params.values()), list(buffers.values())
 
 
+def has_buffers(model: torch.nn.Module) -> bool:
+    """Whether `model` or a submodule registers a buffer (None included), read as `module_tensors` reads them."""
+    return any(m._buffers for m in _modules(model))
+
+
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """`list(model.modules())`: each module once, depth first, a module before its children."""
     out, seen, stack = [], set(), [model]

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch
 
+from capture.measure_memory import has_buffers
 from capture.state import drew_from_host, host_rng_mark, host_rng_state, set_host_rng_state
 
 
@@ -29,11 +30,15 @@ class BufferUpdates:
         """`fn(*args, **kwargs)` watched: (its output, the names of the block's buffers it updated: replaced, moved
         their version counter, or, of those `values` holds copies of from before, changed value; batch_norm updates
         the running statistics without moving their counters)."""
-        before = {n: (b, _version(b)) for n, b in block.named_buffers()}
-        out = fn(*args, **kwargs)
-        updated = {n for n, b in block.named_buffers()
-                   if n not in before or before[n][0] is not b or before[n][1] != _version(b)
-                   or (n in values and not torch.equal(b, values[n]))}
+        if not has_buffers(block):  # (most blocks: their walks by name cost more than the rest of this)
+            out = fn(*args, **kwargs)
+            updated = {n for n, _ in block.named_buffers()} if has_buffers(block) else set()  # registered by it
+        else:
+            before = {n: (b, _version(b)) for n, b in block.named_buffers()}
+            out = fn(*args, **kwargs)
+            updated = {n for n, b in block.named_buffers()
+                       if n not in before or before[n][0] is not b or before[n][1] != _version(b)
+                       or (n in values and not torch.equal(b, values[n]))}
         self.names = updated if self.names is None else self.names | updated
         return out, updated
 
@@ -52,7 +57,8 @@ def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdat
     def run(*args, **kwargs):
         if not saved:  # the forward
             names = updates.names if updates is not None else None
-            before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names}
+            before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names} \
+                if names is None or names else {}
             mark = host_rng_mark()
             saved.append((mark[0], before))
             # values compared (a device sync each) only while no update is known: then the copies not updated go
