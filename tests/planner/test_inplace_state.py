@@ -274,3 +274,34 @@ def test_a_planned_option_of_a_block_reading_its_step_counter_runs_at_a_later_st
     got = planned[0].run(block, [x])
     assert torch.equal(got, want)
     assert all(torch.equal(b, c) for b, c in zip(block.buffers(), eager.buffers()))
+
+
+def test_buffer_updates_sees_a_buffer_the_forward_registers_and_one_it_updates():
+    """BufferUpdates.run on a block without buffers (its fast path) still names a buffer the forward registers; on
+    one with buffers, the one it updates in place and not the one it leaves."""
+    from planner.inplace.recompute import BufferUpdates
+
+    class Registers(torch.nn.Module):
+        def forward(self, x):
+            if not hasattr(self, "seen"):
+                self.register_buffer("seen", x.detach().sum().reshape(1))
+            return x * 2
+
+    updates = BufferUpdates()
+    updates.run(Registers(), {}, Registers().forward, torch.ones(2))  # another instance's forward: nothing of this
+    assert updates.names == set()
+    block = Registers()
+    assert updates.run(block, {}, block, torch.ones(2))[1] == {"seen"} and updates.names == {"seen"}
+
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("steps", torch.zeros(()))
+            self.register_buffer("fixed", torch.ones(()))
+
+        def forward(self, x):
+            self.steps += 1
+            return x * self.fixed
+
+    counts = Counts()
+    assert BufferUpdates().run(counts, {}, counts, torch.ones(2))[1] == {"steps"}
