@@ -517,9 +517,10 @@ class InPlaceController:
 
     def _root_key(self, args, kwargs, params: list) -> tuple:
         """The key of a training call: its structure, its non-tensor values (an unhashable one by its type alone),
-        its tensors' shapes, dtypes, devices and which require grad, the autocast state, the parameters' flags."""
+        its tensors' shapes, dtypes, devices and which require grad, the autocast state, the parameters' flags and
+        devices."""
         flat, _ = FlatCall.of(args, kwargs, strides=False, by_id=False)
-        return (flat.key, autocast_state(), tuple((p.requires_grad, p.dtype) for p in params))
+        return (flat.key, autocast_state(), tuple((p.requires_grad, p.dtype, p.device) for p in params))
 
     def _resident_bytes(self, args, kwargs, params: list, buffers: list) -> int:
         """What the step holds before it starts: the parameters, buffers, gradients and inputs, and where DDP runs the
@@ -569,7 +570,7 @@ class InPlaceController:
             return None
         params, buffers = module_tensors(self.model)  # one walk of the model a call (FSDP2 swaps them between calls)
         root_key = self._root_key(args, kwargs, params)
-        token = tuple((id(p), p.device) for p in params) + root_key[2]
+        token = (tuple(map(id, params)), root_key[2])
         if token != self._flags_token:
             self._flags.clear()
             self._flags_token = token
