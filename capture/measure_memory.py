@@ -31,6 +31,18 @@ def _fresh_outputs(func) -> bool:
     return fresh
 
 
+def _tensor_arguments(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among an operator's arguments: each a tensor or a list or tuple of them (an aten schema's
+    arguments nest no deeper), read without torch's pytree walk."""
+    out = []
+    for a in (*args, *(kwargs or {}).values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif type(a) in (list, tuple):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
 class StorageTracker(TorchDispatchMode):
     """Tracks bytes of storages created by operators run under it.
 
@@ -67,11 +79,7 @@ class StorageTracker(TorchDispatchMode):
         if _fresh_outputs(func):  # no output aliases an input (the schema says so): the inputs need not be looked at
             seen_inputs = frozenset()
         else:
-            seen_inputs = {
-                StorageWeakRef(t.untyped_storage())
-                for t in tree_leaves((args, kwargs or {}))
-                if isinstance(t, torch.Tensor)
-            }
+            seen_inputs = {StorageWeakRef(t.untyped_storage()) for t in _tensor_arguments(args, kwargs)}
         for t in (out,) if isinstance(out, torch.Tensor) else \
                 out if type(out) in (tuple, list) and all(isinstance(x, torch.Tensor) for x in out) else \
                 tree_leaves(out):
