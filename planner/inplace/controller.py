@@ -431,7 +431,8 @@ class InPlaceController:
     def __getstate__(self):
         state = dict(self.__dict__)
         for k in ("profiles", "traced_structures", "policies", "uncovered", "bounds_below", "measured", "seen_keys",
-                  "choices", "records", "_step", "_open_probe", "_release_hook", "_say", "_compiled"):
+                  "choices", "records", "_step", "_open_probe", "_release_hook", "_say", "_compiled", "_flags",
+                  "_flags_token"):
             state.pop(k, None)
         return state
 
