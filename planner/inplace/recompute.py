@@ -60,14 +60,13 @@ def recomputable(forward: Callable, block: torch.nn.Module, updates: BufferUpdat
             before = {n: b.detach().clone() for n, b in block.named_buffers() if names is None or n in names} \
                 if names is None or names else {}
             mark = host_rng_mark()
-            saved.append((mark[0], before))
             # values compared (a device sync each) only while no update is known: then the copies not updated go
             out, updated = (updates or BufferUpdates()).run(block, before if names is None else {}, forward, *args,
                                                              **kwargs)
             # a forward that drew nothing from them leaves the generators alone in its recomputation, which runs as
             # the forward did (checkpoint's contract)
             host = mark[0] if drew_from_host(mark) else None
-            saved[0] = (host, before if names is not None else {n: v for n, v in before.items() if n in updated})
+            saved.append((host, before if names is not None else {n: v for n, v in before.items() if n in updated}))
             return out
         host, before = saved[0]
         if host is None and not before:

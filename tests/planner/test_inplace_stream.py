@@ -147,6 +147,7 @@ def test_the_trackers_peaks_are_the_most_read_after_any_operator():
         out.backward()
     assert list(tracker.peak_scaled) == tracker.most and tracker.most[-1] > tracker.most[0] > 0
 
+
 def _qwen2_width64() -> torch.nn.Module:
     """A 2-layer Qwen2 of width 64 (vocabulary 256), the library's defaults otherwise, seed 0."""
     config = transformers.Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
